@@ -1,0 +1,133 @@
+"""The error vocabulary of dsv4ctl and the exit codes it maps to.
+
+Every failure the tool expects is raised as a subclass of :class:`DsvError`; the CLI is the one boundary
+that turns them into a message and an exit code (see ``EXIT_CODES`` and ``dsv4ctl --help``). Nothing
+below the CLI prints or exits. Each error carries what went wrong and, where we know it, the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented exit codes. Stable: scripts and CI depend on them."""
+
+    OK = 0
+    ERROR = 1
+    CHANGES = 2  # only with --detailed-exitcode: the plan has changes
+    ROLLED_BACK = 3  # apply failed and the previous release was restored and is healthy
+    ROLLBACK_FAILED = 4  # apply failed and restoring the previous release failed too
+    LOCKED = 5  # another dsv4ctl holds the host lock
+    STALE_PLAN = 6  # a saved plan no longer matches the host or was already applied
+    INTERRUPTED = 130  # Ctrl-C; the journal records where it stopped
+
+
+class DsvError(Exception):
+    """Base of every expected failure. ``fix`` says what the user can do about it."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def render(self) -> str:
+        text = f"error: {self.message}"
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in an input file, located as precisely as we can."""
+
+    path: str  # dotted field path, e.g. ``topology.decode.tp``
+    message: str  # what is wrong and why
+    fix: str | None = None
+    value: str | None = None  # the offending value, already shortened for display
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+    def location(self) -> str:
+        where = self.file or "<input>"
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return where
+
+    def render(self) -> str:
+        head = f"{self.location()}: {self.path or '(document)'}"
+        if self.value is not None:
+            head += f" = {self.value}"
+        text = f"{head}\n    {self.message}"
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+
+@dataclass
+class InputError(DsvError):
+    """A profile, inventory or plan file failed validation. Holds every problem found, not just the first."""
+
+    kind: str = "profile"
+    problems: list[Problem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.problems)
+        noun = "problem" if n == 1 else "problems"
+        DsvError.__init__(self, f"{self.kind} is invalid: {n} {noun}")
+
+    def render(self) -> str:
+        lines = [f"error: {self.message}"]
+        lines += [p.render() for p in self.problems]
+        return "\n".join(lines)
+
+
+class ProfileError(DsvError):
+    """A profile is syntactically fine but refers to something that does not exist (host, variant, ...)."""
+
+
+class CatalogLookupError(DsvError, KeyError):
+    """A catalog id (model variant, GPU, engine version) is unknown."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class PlanHasErrors(DsvError):
+    """The plan was computed but has checks of severity error; nothing may be applied."""
+
+
+class RenderError(DsvError):
+    """A template failed to render, or rendered output failed a safety check."""
+
+
+class RemoteError(DsvError):
+    """Talking to the host failed (connection, command, transfer)."""
+
+
+class LockHeld(DsvError):
+    exit_code = ExitCode.LOCKED
+
+
+class StalePlan(DsvError):
+    exit_code = ExitCode.STALE_PLAN
+
+
+class ApplyFailed(DsvError):
+    """An apply failed after changing the host; ``rolled_back`` tells whether the old release serves again."""
+
+    def __init__(self, message: str, *, rolled_back: bool, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.rolled_back = rolled_back
+        self.exit_code = ExitCode.ROLLED_BACK if rolled_back else ExitCode.ROLLBACK_FAILED
+
+
+class Interrupted(DsvError):
+    exit_code = ExitCode.INTERRUPTED

@@ -1,0 +1,77 @@
+"""Facts: what a host really is, as the planner needs to know it.
+
+Facts come from one of two places: the inventory's declarations (offline planning, no host needed) or
+probes run over SSH (``orchestrator.remote.probes``). Either way the planner sees the same model, so a plan
+made offline and one made against the live host differ only where the host differs from its declaration.
+Facts are part of a saved plan's identity: apply refuses a plan whose facts no longer hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.profile.inventory import Host
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuFact(_Frozen):
+    index: int
+    name: str  # catalog id when declared, nvidia-smi name when probed
+    memory_mib: int | None = None  # None when declared: the catalog supplies it
+    compute_cap: str | None = None
+    uuid: str | None = None
+
+
+class DiskFact(_Frozen):
+    path: str
+    size_bytes: int
+    free_bytes: int
+
+
+class ModelFact(_Frozen):
+    path: str
+    size_bytes: int
+    variant: str | None = None
+
+
+class UnitFact(_Frozen):
+    name: str
+    active: str  # active, inactive, failed, activating, ...
+
+
+class Facts(_Frozen):
+    source: Literal["declared", "probed"]
+    host: str
+    gpus: list[GpuFact]
+    driver: str | None = None
+    disks: list[DiskFact] = Field(default_factory=list)
+    models: list[ModelFact] = Field(default_factory=list)
+    ports_in_use: list[int] = Field(default_factory=list)
+    units: list[UnitFact] = Field(default_factory=list)
+    current_release: str | None = None
+    current_files: dict[str, str] = Field(
+        default_factory=dict, description="path -> sha256 of the current release's files"
+    )
+
+    def fingerprint(self) -> str:
+        """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def declared_facts(name: str, host: Host) -> Facts:
+    """Facts as the inventory declares them: no probing, no network."""
+    return Facts(
+        source="declared",
+        host=name,
+        gpus=[GpuFact(index=i, name=host.gpus.model) for i in range(host.gpus.count)],
+        disks=[DiskFact(path=d.path, size_bytes=d.size, free_bytes=d.free) for d in host.disks],
+        models=[ModelFact(path=m.path, size_bytes=m.size, variant=m.variant) for m in host.models],
+    )

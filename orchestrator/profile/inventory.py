@@ -1,0 +1,94 @@
+"""The inventory schema: the hosts dsv4ctl can deploy to, and what we declare about each.
+
+A host entry says how to reach it (address, user, port, key, optional jump host), how services are managed
+there (systemd at system or user scope), where releases live, and its declared facts (GPUs, disks, models
+already present). The declared facts let ``dsv4ctl plan`` work with no host reachable; ``--host`` replaces
+them with probed ones.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestrator.profile.types import (
+    AbsPath,
+    HostName,
+    Port,
+    SafePath,
+    Size,
+    Slug,
+    Text,
+    UserName,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeclaredGpus(_Strict):
+    model: str = Field(
+        description="Catalog GPU id or the exact nvidia-smi name, e.g. rtx-pro-6000-se.",
+        min_length=1,
+        max_length=200,
+    )
+    count: int = Field(ge=1, le=64, description="Number of GPUs of that model.")
+
+
+class DeclaredDisk(_Strict):
+    path: AbsPath = Field(description="Mount point or directory that will hold checkpoints.")
+    size: Size = Field(description="Total size, e.g. 3.84TB.")
+    free: Size = Field(description="Free space now, e.g. 78GiB.")
+
+    @model_validator(mode="after")
+    def _free_le_size(self) -> DeclaredDisk:
+        if self.free > self.size:
+            raise ValueError(
+                f"free ({self.free} B) is larger than size ({self.size} B); check the units"
+            )
+        return self
+
+
+class PresentModel(_Strict):
+    path: AbsPath = Field(description="Directory of a checkpoint already on the host.")
+    size: Size = Field(description="Its size on disk (the index's total_size when known).")
+    variant: str | None = Field(
+        default=None, description="Catalog variant id, if this is a DeepSeek-V4 checkpoint."
+    )
+
+
+class JumpHost(_Strict):
+    address: HostName
+    user: UserName = "root"
+    port: Port | Literal[22] = 22
+
+
+class Host(_Strict):
+    address: HostName = Field(description="DNS name or IP address used for SSH.")
+    user: UserName = Field(default="root", description="SSH user.")
+    port: Port | Literal[22] = Field(default=22, description="SSH port.")
+    key: AbsPath | None = Field(
+        default=None, description="Private key file on the controller; default: ssh agent/keys."
+    )
+    jump: JumpHost | None = Field(default=None, description="Optional bastion (ProxyJump).")
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    scope: Literal["system", "user"] = Field(
+        default="system",
+        description="systemd scope: 'system' on production hosts, 'user' for systemctl --user.",
+    )
+    install_root: SafePath = Field(
+        default="/srv/dsv4", description="Where releases/ and the current link live on the host."
+    )
+    gpus: DeclaredGpus = Field(description="Declared GPUs, used when the host is not probed.")
+    disks: list[DeclaredDisk] = Field(default_factory=list)
+    models: list[PresentModel] = Field(
+        default_factory=list, description="Checkpoints already present on the host."
+    )
+    description: Text | None = None
+
+
+class Inventory(_Strict):
+    api_version: Literal["dsv4ctl/v1"] = Field(default="dsv4ctl/v1", alias="apiVersion")
+    hosts: dict[Slug, Host] = Field(min_length=1)

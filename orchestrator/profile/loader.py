@@ -1,0 +1,327 @@
+"""Reading profiles and inventories from YAML into validated models, with errors that point at lines.
+
+PyYAML gives us a node tree with positions; pydantic gives us error locations as key paths. This module
+joins the two, so every problem names the file, line and column, the dotted path, the offending value,
+the reason and a fix. It never lets a parser or validator exception escape as a traceback: everything
+becomes an :class:`~orchestrator.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.errors import InputError, Problem
+from orchestrator.profile.inventory import Inventory
+from orchestrator.profile.schema import Profile
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_BYTES = 1 << 20  # a profile is a page of YAML; a megabyte is already absurd
+MAX_NODES = 50_000  # bounds alias expansion ("billion laughs") and pathological documents
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, which PyYAML would otherwise silently overwrite."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value, not a list or mapping",
+                key_node.start_mark,
+            ) from exc
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _count_nodes(node: yaml.Node, budget: list[int], seen: set[int]) -> None:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            _count_nodes(k, budget, seen)
+            _count_nodes(v, budget, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            _count_nodes(v, budget, seen)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def parse_yaml(text: str, filename: str) -> tuple[Any, yaml.Node | None]:
+    """Parse one YAML document; returns the data and the node tree (for line numbers)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise InputError(
+            kind=filename,
+            problems=[Problem("", f"the file is larger than {MAX_BYTES} bytes", file=filename,
+                              fix="a profile is a page of YAML; check that this is the right file")],
+        )
+    try:
+        nodes = list(yaml.compose_all(text, Loader=_Loader))
+        if len(nodes) > 1:
+            second = nodes[1]
+            raise InputError(
+                kind=filename,
+                problems=[Problem("", "the file holds more than one YAML document", file=filename,
+                                  line=second.start_mark.line + 1 if second else None,
+                                  fix="keep one profile per file (remove the extra '---' section)")],
+            )
+        node = nodes[0] if nodes else None
+        if node is not None:
+            _count_nodes(node, [MAX_NODES], set())
+        data = yaml.load(text, Loader=_Loader) if node is not None else None
+    except _TooLarge:
+        raise InputError(
+            kind=filename,
+            problems=[Problem("", f"the document expands to more than {MAX_NODES} values",
+                              file=filename, fix="remove YAML aliases that multiply content")],
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        reason = exc.problem or exc.context or "YAML syntax error"
+        raise InputError(
+            kind=filename,
+            problems=[Problem("", f"YAML syntax: {reason}", file=filename,
+                              line=mark.line + 1 if mark else None,
+                              column=mark.column + 1 if mark else None,
+                              fix="fix the YAML syntax at that position (indentation, quotes, colons)")],
+        ) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise InputError(
+            kind=filename,
+            problems=[Problem("", f"cannot read YAML: {exc}", file=filename,
+                              fix="check the file is UTF-8 YAML")],
+        ) from None
+    return data, node
+
+
+def _node_at(node: yaml.Node | None, loc: Sequence[int | str]) -> tuple[yaml.Node | None, list]:
+    """Follow ``loc`` through the node tree. Returns the deepest node reached and the YAML path walked.
+
+    Pydantic inserts discriminator tags (``pd``) and type names into union locations; those are not
+    keys in the document, so an element that cannot be followed is skipped if the next one can.
+    """
+    walked: list = []
+    current = node
+    items = list(loc)
+    i = 0
+    while i < len(items) and current is not None:
+        key = items[i]
+        nxt: yaml.Node | None = None
+        if isinstance(current, yaml.MappingNode):
+            for k, v in current.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == str(key):
+                    nxt = v
+                    break
+        elif (
+            isinstance(current, yaml.SequenceNode)
+            and isinstance(key, int)
+            and 0 <= key < len(current.value)
+        ):
+            nxt = current.value[key]
+        if nxt is None:
+            if i + 1 < len(items):
+                i += 1  # a union tag or model name inserted by pydantic
+                continue
+            break
+        walked.append(key)
+        current = nxt
+        i += 1
+    return current, walked
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(by_alias=True)
+
+
+def _subschema(model: type[BaseModel], path: Iterable[int | str]) -> dict[str, Any] | None:
+    """The JSON schema that applies at ``path`` (best effort; used only to write better hints)."""
+    root = _schema(model)
+    defs = root.get("$defs", {})
+
+    def deref(s: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in s:
+            s = defs.get(s["$ref"].rsplit("/", 1)[-1], {})
+        return s
+
+    def options(s: dict[str, Any]) -> list[dict[str, Any]]:
+        s = deref(s)
+        for key in ("anyOf", "oneOf"):
+            if key in s:
+                out: list[dict[str, Any]] = []
+                for alt in s[key]:
+                    out.extend(options(alt))
+                return out
+        return [s]
+
+    current: list[dict[str, Any]] = [root]
+    for key in path:
+        nxt: list[dict[str, Any]] = []
+        for s in current:
+            for alt in options(s):
+                if isinstance(key, str) and key in alt.get("properties", {}):
+                    nxt.append(alt["properties"][key])
+                elif isinstance(key, str) and isinstance(alt.get("additionalProperties"), dict):
+                    nxt.append(alt["additionalProperties"])
+                elif isinstance(key, int) and isinstance(alt.get("items"), dict):
+                    nxt.append(alt["items"])
+        if not nxt:
+            return None
+        current = nxt
+    merged: dict[str, Any] = {}
+    for s in current:
+        for alt in options(s):
+            for k, v in alt.items():
+                if k == "properties":
+                    merged.setdefault("properties", {}).update(v)
+                else:
+                    merged.setdefault(k, v)
+    return merged
+
+
+def _hint(model: type[BaseModel], err: dict[str, Any], yaml_path: list) -> tuple[str, str | None]:
+    """Reason and fix for one pydantic error."""
+    kind = err["type"]
+    msg = err["msg"]
+    ctx = err.get("ctx") or {}
+    loc = [p for p in yaml_path]
+    if kind == "extra_forbidden":
+        parent = _subschema(model, loc[:-1]) or {}
+        allowed = sorted(parent.get("properties", {}))
+        name = str(err["loc"][-1])
+        close = difflib.get_close_matches(name, allowed, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else None
+        if allowed:
+            listing = ", ".join(allowed)
+            fix = (fix + " " if fix else "") + f"Allowed keys here: {listing}."
+        return f"unknown key '{name}'", fix or "remove it"
+    if kind == "missing":
+        name = str(err["loc"][-1])
+        sub = _subschema(model, [*loc, name]) or {}
+        desc = sub.get("description")
+        return f"required key '{name}' is missing", (
+            f"add '{name}:'" + (f" ({desc})" if desc else "")
+        )
+    if kind in ("literal_error", "enum"):
+        return msg, f"use one of: {ctx.get('expected', '')}"
+    if kind == "union_tag_invalid":
+        return msg, f"set 'mode' to one of: {ctx.get('expected_tags', '')}"
+    if kind == "union_tag_not_found":
+        return msg, "add 'mode: colocated' or 'mode: pd'"
+    if kind == "string_pattern_mismatch":
+        sub = _subschema(model, loc) or {}
+        desc = sub.get("description")
+        return (
+            f"value does not have the allowed form (pattern {ctx.get('pattern', '?')})",
+            desc or "use only the characters the pattern allows",
+        )
+    if kind.startswith(("greater_than", "less_than")) or kind in ("too_short", "too_long"):
+        return msg, "change the value to satisfy the limit"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        sub = _subschema(model, loc) or {}
+        desc = sub.get("description")
+        return msg, desc or "give a value of the expected type"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, "), None
+    return msg, None
+
+
+def validate(model: type[M], data: Any, node: yaml.Node | None, filename: str) -> M:
+    """Validate ``data`` as ``model``; every error becomes a located :class:`Problem`."""
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise InputError(
+            kind=filename,
+            problems=[Problem("", f"expected a mapping of keys at the top level, found {found}",
+                              file=filename, line=1,
+                              fix="start from profiles/default.yaml or `dsv4ctl schema`")],
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            loc = list(err["loc"])
+            target, walked = _node_at(node, loc)
+            # extra/missing keys: point at the key (extra) or at the parent mapping (missing)
+            if err["type"] == "missing":
+                target, walked = _node_at(node, loc[:-1])
+                walked = [*walked, loc[-1]]
+            reason, fix = _hint(model, err, walked if err["type"] != "missing" else walked[:-1])
+            line = col = None
+            if target is not None:
+                line, col = target.start_mark.line + 1, target.start_mark.column + 1
+            value = None
+            if err["type"] not in ("missing",) and "input" in err:
+                value = _short(err["input"])
+            problems.append(
+                Problem(
+                    path=".".join(str(p) for p in walked),
+                    message=reason,
+                    fix=fix,
+                    value=value,
+                    file=filename,
+                    line=line,
+                    column=col,
+                )
+            )
+        raise InputError(kind=filename, problems=problems) from None
+
+
+def load_text(model: type[M], text: str, filename: str = "<input>") -> M:
+    data, node = parse_yaml(text, filename)
+    return validate(model, data, node, filename)
+
+
+def read_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(
+            kind=str(path),
+            problems=[Problem("", "file not found", file=str(path),
+                              fix="check the path; `dsv4ctl plan` with no argument uses the default")],
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            kind=str(path),
+            problems=[Problem("", f"cannot read file: {exc}", file=str(path))],
+        ) from None
+
+
+def load_profile(path: Path) -> Profile:
+    return load_text(Profile, read_file(path), str(path))
+
+
+def load_inventory(path: Path) -> Inventory:
+    return load_text(Inventory, read_file(path), str(path))

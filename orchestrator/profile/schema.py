@@ -1,0 +1,319 @@
+"""The profile schema: one YAML document that says what should run on a host.
+
+This module owns the *shape* of a profile (types, ranges, required fields, defaults). Whether a valid
+profile also makes sense for the chosen engine version, model and GPUs (``index_topk`` values the engine
+accepts, GPUs used twice, TP dividing the heads, memory) is the planner's job: those answers depend on the
+catalog and the host, and they come back as checks with stable ids that a profile can acknowledge.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.types import (
+    AbsPath,
+    EnvName,
+    Port,
+    SafePath,
+    ServedName,
+    Slug,
+    Text,
+)
+
+API_VERSION = "dsv4ctl/v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Engine(_Strict):
+    name: Literal["sglang"] = Field(default="sglang", description="Serving engine.")
+    version: str = Field(
+        default="0.5.23",
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+([a-z0-9.+-]*)$",
+        description="Pinned engine version; the catalog holds its flags, defaults and constraints.",
+    )
+    env: SafePath = Field(
+        default="/opt/sglang",
+        description="Engine environment (virtualenv prefix) on the host: <env>/bin/sglang must exist.",
+    )
+    router_version: str = Field(
+        default="0.3.2",
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
+        description="Pinned sglang-router version (PD topologies).",
+    )
+
+
+class Model(_Strict):
+    variant: str = Field(
+        min_length=1,
+        max_length=100,
+        description="Catalog model variant id, e.g. dsv4-flash-nvfp4 (see `dsv4ctl catalog`).",
+    )
+    path: AbsPath = Field(description="Checkpoint directory on the host.")
+    served_name: ServedName = Field(
+        default="deepseek-v4-flash", description="Name clients use (/v1/models)."
+    )
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]{1,100}$")] | None = Field(
+        default=None, description="Hugging Face revision (branch, tag or commit) to download."
+    )
+    expert_storage: Literal["native", "fp8", "bf16"] = Field(
+        default="native",
+        description=(
+            "How routed experts sit in GPU memory: native (checkpoint fp4), fp8 (dequantized at load), "
+            "bf16."
+        ),
+    )
+
+
+class Moe(_Strict):
+    runner_backend: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,64}$")] = Field(
+        default="auto",
+        description="SGLang --moe-runner-backend; 'auto' lets the engine choose (the plan shows what).",
+    )
+
+
+class Attention(_Strict):
+    index_topk: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description="DSA indexer top-k; SGLang 0.5.23 accepts 512 or 1024. Default: the model's.",
+    )
+    kv_cache_dtype: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] = Field(
+        default="fp8_e4m3", description="KV cache dtype: fp8_e4m3 or bfloat16 for DeepSeek-V4."
+    )
+    context_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Maximum tokens per request; default: the model's maximum.",
+    )
+    fp4_indexer: bool = Field(
+        default=False, description="--enable-deepseek-v4-fp4-indexer (experimental)."
+    )
+
+
+class ServingKnobs(_Strict):
+    """Per-role overrides of the serving section; unset fields inherit."""
+
+    mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    max_running_requests: int | None = Field(default=None, ge=1, le=65536)
+    chunked_prefill_size: int | None = Field(default=None, ge=-1, le=1 << 20)
+    cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _chunk(self) -> ServingKnobs:
+        if self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size must be -1 (disabled) or positive, not 0")
+        return self
+
+
+class SamplingDefaults(_Strict):
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+
+
+class Serving(ServingKnobs):
+    mem_fraction_static: float | None = Field(
+        default=0.85,
+        gt=0.0,
+        lt=1.0,
+        description="SGLang --mem-fraction-static: weights + KV pool as a fraction of GPU memory.",
+    )
+    sampling_defaults: SamplingDefaults = Field(
+        default_factory=SamplingDefaults,
+        description="Applied when a request omits them (model card: temperature 1.0, top_p 0.95).",
+    )
+    enable_cache_report: bool = True
+    watchdog_timeout_s: int = Field(default=1800, ge=30, le=86400)
+
+
+class Role(ServingKnobs):
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        min_length=1, max_length=64, description="GPU indices (nvidia-smi order) this role uses."
+    )
+    tp: int = Field(ge=1, le=64, description="Tensor-parallel size; equals the number of GPUs.")
+    ep: int = Field(default=1, ge=1, le=64, description="Expert-parallel size (1 or tp).")
+    attn_dp: int = Field(
+        default=1, ge=1, le=64, description="Attention data-parallel groups inside the TP group."
+    )
+    port: Port | None = Field(default=None, description="HTTP port; default depends on the role.")
+    nccl_port: Port | None = None
+    engine_info_bootstrap_port: Port | None = None
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        description="Extra engine flags, checked against the pinned engine's flag table.",
+    )
+    env: dict[EnvName, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, description="Extra environment variables for this role's engine."
+    )
+
+
+class PrefillRole(Role):
+    bootstrap_port: Port | None = Field(
+        default=None, description="--disaggregation-bootstrap-port served by the prefill engine."
+    )
+
+
+class Router(_Strict):
+    host: Annotated[str, Field(pattern=r"^[0-9a-fA-F.:]+$")] = Field(
+        default="0.0.0.0", description="Address the router listens on (clients connect here)."
+    )
+    port: Port = Field(default=8000, description="Client-facing port.")
+    prometheus_port: Port = Field(default=29000, description="Router metrics port.")
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = "cache_aware"
+
+
+class ColocatedTopology(_Strict):
+    mode: Literal["colocated"]
+    engine: Role
+
+
+class PDTopology(_Strict):
+    mode: Literal["pd"]
+    prefill: PrefillRole
+    decode: Role
+    transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl"] = Field(
+        default="mooncake_tcp",
+        description="KV transfer between prefill and decode; mooncake needs RDMA NICs.",
+    )
+    router: Router = Field(default_factory=Router)
+
+
+Topology = Annotated[ColocatedTopology | PDTopology, Field(discriminator="mode")]
+
+
+class Speculative(_Strict):
+    algorithm: Literal["none", "eagle", "dspark"] = Field(
+        default="none", description="DeepSeek-V4 allows EAGLE (MTP, top-k 1) or DSpark (-0731)."
+    )
+    num_steps: int | None = Field(default=None, ge=1, le=16)
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=64)
+    dspark_block_size: int | None = Field(default=None, ge=1, le=16)
+
+
+class Workload(_Strict):
+    """What the KV pool must hold at once; the planner checks it against the pool size."""
+
+    concurrent_requests: int = Field(
+        default=64, ge=1, le=65536, description="Requests in flight at the same time."
+    )
+    context_tokens: int = Field(
+        default=32768, ge=1, le=1 << 24, description="Tokens per request (prompt + output)."
+    )
+
+
+class Kernels(_Strict):
+    enabled: bool = Field(
+        default=True,
+        description="Install dsv4ctl's Triton kernels into the engine env and activate them.",
+    )
+    selftest: bool = Field(default=True, description="Run their self-test before switching.")
+
+
+class AlertThresholds(_Strict):
+    kv_usage_high: float = Field(default=0.90, gt=0.0, le=1.0)
+    swa_usage_high: float = Field(default=0.95, gt=0.0, le=1.0)
+    queue_high: int = Field(default=32, ge=1)
+    ttft_p95_s: float = Field(default=10.0, gt=0.0)
+    itl_p95_s: float = Field(default=0.25, gt=0.0)
+    spec_accept_length_min: float = Field(default=1.5, gt=0.0)
+    for_minutes: int = Field(default=5, ge=1, le=1440)
+
+
+class Monitoring(_Strict):
+    enabled: bool = True
+    scrape_interval_s: int = Field(default=15, ge=1, le=3600)
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+    textfile_dir: SafePath | None = Field(
+        default=None,
+        description="node-exporter textfile collector dir for dsv4ctl's own metrics (optional).",
+    )
+
+
+class Qualify(_Strict):
+    min_recall_tokens: int | None = Field(default=None, ge=1)
+    min_output_tok_s: float | None = Field(default=None, gt=0)
+    load_concurrency: int = Field(default=16, ge=1, le=4096)
+    load_duration_s: float = Field(default=30.0, gt=0, le=3600)
+    on_fail: Literal["rollback", "keep"] = "rollback"
+
+
+class Health(_Strict):
+    startup_timeout_s: int = Field(
+        default=1800, ge=10, le=86400, description="How long an engine may take to become ready."
+    )
+    poll_interval_s: float = Field(default=5.0, gt=0, le=300)
+    smoke_prompt: Text = "Reply with the single word: ready"
+    smoke_max_tokens: int = Field(default=16, ge=1, le=4096)
+    qualify: Qualify | None = None
+
+
+class Rollout(_Strict):
+    keep_releases: int = Field(default=5, ge=2, le=100)
+    rollback_on_failure: bool = True
+    rollback_timeout_s: int = Field(default=1800, ge=10, le=86400)
+
+
+class SecretRef(_Strict):
+    """Where the controller reads a secret at apply time. The value is never stored in a profile."""
+
+    env: EnvName | None = Field(default=None, description="Read from this controller env var.")
+    file: AbsPath | None = Field(default=None, description="Read from this file on the controller.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of 'env' or 'file'")
+        return self
+
+
+class Acknowledgement(_Strict):
+    id: Annotated[str, Field(pattern=r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")] = Field(
+        description="Check id to accept, e.g. recall.index-topk-512."
+    )
+    reason: Text = Field(min_length=3, description="Why this warning is acceptable here.")
+
+
+class Profile(_Strict):
+    api_version: Literal["dsv4ctl/v1"] = Field(default=API_VERSION, alias="apiVersion")
+    name: Slug = Field(description="Deployment name; prefixes unit names (dsv4-<name>-<role>).")
+    description: Text | None = None
+    host: Slug | Host = Field(description="Inventory host name, or an inline host definition.")
+    engine: Engine = Field(default_factory=Engine)
+    model: Model
+    moe: Moe = Field(default_factory=Moe)
+    attention: Attention = Field(default_factory=Attention)
+    topology: Topology
+    serving: Serving = Field(default_factory=Serving)
+    speculative: Speculative = Field(default_factory=Speculative)
+    workload: Workload = Field(default_factory=Workload)
+    kernels: Kernels = Field(default_factory=Kernels)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+    health: Health = Field(default_factory=Health)
+    rollout: Rollout = Field(default_factory=Rollout)
+    secrets: dict[EnvName, SecretRef] = Field(
+        default_factory=dict,
+        description="Secrets for the engine env (e.g. HF_TOKEN), written to a 0600 env file.",
+    )
+    acknowledge: list[Acknowledgement] = Field(
+        default_factory=list, description="Warnings accepted on purpose, by check id."
+    )
+
+    def roles(self) -> dict[str, Role]:
+        """Engine roles by name, in a stable order."""
+        topo = self.topology
+        if isinstance(topo, ColocatedTopology):
+            return {"engine": topo.engine}
+        return {"prefill": topo.prefill, "decode": topo.decode}
+
+
+def knob(profile: Profile, role: Role, name: str) -> object:
+    """A serving knob for one role: the role's override, else the profile-wide value."""
+    value = getattr(role, name)
+    return value if value is not None else getattr(profile.serving, name)
