@@ -1,0 +1,98 @@
+"""The dsv4ctl command line: a thin click adapter over the library, and the one error boundary.
+
+Each command lives in a small module of this package and registers itself on the group. Nothing below
+this package prints to the terminal or exits; library code raises typed errors
+(:mod:`orchestrator.errors`) and :func:`main` maps them to messages and documented exit codes. Commands
+import their heavy dependencies (fabric, the renderer) inside the command body, so ``dsv4ctl plan``
+stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+import click
+
+from orchestrator import __version__
+from orchestrator.errors import DsvError, ExitCode
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success (with --detailed-exitcode: no changes)
+  1  error: invalid input, failed checks, unreachable host
+  2  with --detailed-exitcode: success, and the plan has changes
+  3  apply failed; the previous release was restored and is healthy
+  4  apply failed and restoring the previous release failed too
+  5  the host is locked by another dsv4ctl run
+  6  the saved plan is stale or was already applied
+  130 interrupted (Ctrl-C); the release journal records where it stopped
+"""
+
+# Command modules, each with ``register(group)``. Order is the order of `dsv4ctl --help`.
+COMMAND_MODULES = (
+    "orchestrator.cli.plan_cmd",
+    "orchestrator.cli.render_cmd",
+    "orchestrator.cli.apply_cmd",
+    "orchestrator.cli.probe_cmd",
+)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXIT_CODES_HELP,
+)
+@click.version_option(__version__, prog_name="dsv4ctl")
+def cli() -> None:
+    """Deploy DeepSeek-V4-Flash on SGLang from a YAML profile.
+
+    \b
+    Typical flow:
+      dsv4ctl validate profiles/x.yaml     check the profile's shape
+      dsv4ctl plan profiles/x.yaml         prove it fits; see what would change
+      dsv4ctl diff --git HEAD profiles/x.yaml   review a profile change
+      dsv4ctl apply profiles/x.yaml        roll it out with health checks
+      dsv4ctl rollback                     return to the last healthy release
+    """
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that command family is not part of this build
+                continue
+            raise
+        module.register(cli)
+
+
+_register_all()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run dsv4ctl; returns the exit code instead of exiting (for tests and embedding)."""
+    try:
+        result = cli.main(args=list(argv) if argv is not None else None, prog_name="dsv4ctl",
+                          standalone_mode=False)
+    except DsvError as exc:
+        click.echo(exc.render(), err=True)
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        return int(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return int(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        # click uses 2 for usage errors; 2 means "changes present" here, so usage errors map to 1.
+        return int(ExitCode.ERROR)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    return int(result) if isinstance(result, int) else 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The Plan: everything ``dsv4ctl plan`` decided, as one serialisable value.
+
+A plan is what the planner proves about a profile on a host (capacity per GPU, disk, checks) and what
+applying it would do (the rendered release tree and the actions against the host's current release).
+It is the contract between ``plan`` and ``apply``: a saved plan (``plan -o plan.json``) holds the file
+contents and the fingerprints of its inputs, so apply can refuse it when it has gone stale.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.deployment import Deployment
+
+PLAN_FORMAT = 1  # bump when the JSON shape changes incompatibly
+
+Severity = Literal["error", "warning", "info"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Check(_Frozen):
+    id: str  # stable, dotted: capacity.weights-exceed-gpu, engine.index-topk, ...
+    severity: Severity
+    title: str
+    message: str  # with the numbers that led to it
+    fix: str | None = None
+    subject: str | None = None  # role, GPU or disk it is about
+    numbers: dict[str, float | int | str] = Field(default_factory=dict)
+    acknowledged: bool = False
+    ack_reason: str | None = None
+    source: str | None = None  # upstream issue or doc behind the rule
+
+
+class WeightGroup(_Frozen):
+    name: str
+    bytes: int
+
+
+class RoleCapacity(_Frozen):
+    role: str
+    gpu_model: str
+    gpu_total_bytes: int
+    tp: int
+    ep: int
+    attn_dp: int
+    mem_fraction_static: float
+    weights_per_rank: list[WeightGroup]
+    weights_per_rank_bytes: int
+    static_budget_bytes: int  # total * mfs
+    headroom_bytes: int  # total * (1 - mfs): activations, CUDA graphs, NCCL
+    kv_pool_bytes_per_rank: int
+    bytes_per_token: float
+    fixed_bytes_per_rank: int
+    max_total_tokens_per_rank: int
+    token_capacity: int  # per-rank tokens x attention-DP groups: what the role can hold at once
+    max_running_requests: int
+    notes: list[str] = Field(default_factory=list)
+
+
+class GpuRow(_Frozen):
+    index: int
+    role: str | None
+    model: str
+    total_bytes: int
+    weights_bytes: int
+    kv_bytes: int
+    headroom_bytes: int
+    free_static_bytes: int  # static budget minus weights minus KV (what page alignment left over)
+
+
+class DiskRow(_Frozen):
+    path: str
+    size_bytes: int
+    free_bytes: int
+    needed_bytes: int
+    present: bool  # the checkpoint already sits on this host
+    shortfall_bytes: int
+    could_free: list[str] = Field(default_factory=list)  # present models whose removal closes the gap
+
+
+class PlannedFile(_Frozen):
+    path: str  # relative to the release root
+    mode: int
+    sha256: str | None  # None for sensitive files
+    sensitive: bool = False
+    roles: list[str] = Field(default_factory=list)  # roles that must restart if this file changes
+    content: str | None = None  # None for sensitive files; present in saved plans
+
+
+class Action(_Frozen):
+    kind: Literal["create", "change", "restart", "remove", "start", "stop"]
+    target: str
+    detail: str = ""
+
+
+class Plan(_Frozen):
+    format: int = PLAN_FORMAT
+    tool_version: str
+    profile_name: str
+    profile_path: str | None
+    profile_sha256: str
+    host: str
+    facts_source: Literal["declared", "probed"]
+    facts_fingerprint: str
+    current_release: str | None
+    deployment: Deployment
+    capacity: list[RoleCapacity]
+    gpus: list[GpuRow]
+    disks: list[DiskRow]
+    checks: list[Check]
+    files: list[PlannedFile]
+    actions: list[Action]
+    restarts: list[str]  # roles that restart (downtime)
+
+    @property
+    def errors(self) -> list[Check]:
+        return [c for c in self.checks if c.severity == "error" and not c.acknowledged]
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.actions)
