@@ -1,0 +1,221 @@
+"""Check construction and the checks that need no catalog: topology and disk.
+
+A check is a finding with a stable id (``topology.gpu-overlap``), a severity, the numbers behind it and
+a fix. Ids are part of the interface: profiles acknowledge warnings by id, tests and CI grep for them, so
+they never change meaning. Every function here is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from orchestrator.deployment import Deployment
+from orchestrator.facts import DiskFact, Facts
+from orchestrator.planner_model import Check, DiskRow, Severity
+
+
+def check(
+    id: str,
+    severity: Severity,
+    title: str,
+    message: str,
+    fix: str | None = None,
+    *,
+    subject: str | None = None,
+    source: str | None = None,
+    **numbers: float | int | str,
+) -> Check:
+    return Check(id=id, severity=severity, title=title, message=message, fix=fix, subject=subject,
+                 source=source, numbers=dict(sorted(numbers.items())))
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
+
+
+def topology_checks(dep: Deployment, facts: Facts, num_heads: int) -> list[Check]:
+    out: list[Check] = []
+    gpu_count = len(facts.gpus)
+    owner: dict[int, str] = {}
+    for role in dep.roles:
+        seen: set[int] = set()
+        for g in role.gpus:
+            if g in seen:
+                out.append(check(
+                    "topology.gpu-duplicate", "error", "GPU listed twice in one role",
+                    f"role {role.name} lists GPU {g} more than once",
+                    "list each GPU index once", subject=role.name, gpu=g))
+            seen.add(g)
+            if g >= gpu_count:
+                out.append(check(
+                    "topology.gpu-missing", "error", "GPU index not on the host",
+                    f"role {role.name} uses GPU {g}, but host {facts.host} has {gpu_count} GPUs "
+                    f"(indices 0-{gpu_count - 1})",
+                    f"use GPU indices between 0 and {gpu_count - 1}", subject=role.name, gpu=g,
+                    host_gpus=gpu_count))
+            if g in owner and owner[g] != role.name:
+                out.append(check(
+                    "topology.gpu-overlap", "error", "GPU used by two roles",
+                    f"GPU {g} is assigned to both {owner[g]} and {role.name}; two engines cannot "
+                    "share a GPU's memory",
+                    "give each role a disjoint set of GPUs (e.g. prefill [0,1,2,3], decode [4,5,6,7])",
+                    subject=role.name, gpu=g))
+            owner.setdefault(g, role.name)
+        if role.tp != len(role.gpus):
+            out.append(check(
+                "topology.tp-gpus", "error", "TP size differs from the number of GPUs",
+                f"role {role.name} has tp={role.tp} but {len(role.gpus)} GPUs; SGLang runs one rank "
+                "per GPU, so the TP group spans exactly the role's GPUs",
+                f"set tp: {len(role.gpus)} or list {role.tp} GPUs", subject=role.name, tp=role.tp,
+                gpus=len(role.gpus)))
+        if num_heads % role.tp:
+            ok = ", ".join(str(d) for d in _divisors(num_heads, 64))
+            out.append(check(
+                "topology.tp-heads", "error", "TP does not divide the attention heads",
+                f"role {role.name}: tp={role.tp} does not divide the model's {num_heads} attention "
+                "heads; each rank must hold a whole number of heads",
+                f"use tp in {{{ok}}}", subject=role.name, tp=role.tp, heads=num_heads))
+        if role.ep not in (1, role.tp) and (role.tp % role.ep):
+            out.append(check(
+                "topology.ep", "error", "EP size does not divide TP",
+                f"role {role.name}: ep={role.ep} with tp={role.tp}; SGLang requires ep_size x "
+                "moe_dp_size == tp_size",
+                f"use ep: 1 or ep: {role.tp}", subject=role.name, ep=role.ep, tp=role.tp))
+        if role.tp % role.attn_dp:
+            ok = ", ".join(str(d) for d in _divisors(role.tp))
+            out.append(check(
+                "topology.attn-dp", "error", "attention-DP does not divide TP",
+                f"role {role.name}: attn_dp={role.attn_dp} must divide tp={role.tp}",
+                f"use attn_dp in {{{ok}}}", subject=role.name, attn_dp=role.attn_dp, tp=role.tp))
+    out.extend(_port_checks(dep, facts))
+    return out
+
+
+def _ports(dep: Deployment) -> list[tuple[str, int]]:
+    ports: list[tuple[str, int]] = []
+    for r in dep.roles:
+        ports += [(f"{r.name}.port", r.port), (f"{r.name}.nccl_port", r.nccl_port),
+                  (f"{r.name}.engine_info_bootstrap_port", r.engine_info_bootstrap_port)]
+        if r.bootstrap_port is not None:
+            ports.append((f"{r.name}.bootstrap_port", r.bootstrap_port))
+    if dep.router is not None:
+        ports += [("router.port", dep.router.port),
+                  ("router.prometheus_port", dep.router.prometheus_port)]
+    return ports
+
+
+def _port_checks(dep: Deployment, facts: Facts) -> list[Check]:
+    out: list[Check] = []
+    by_port: dict[int, list[str]] = {}
+    for name, port in _ports(dep):
+        by_port.setdefault(port, []).append(name)
+    for port, names in sorted(by_port.items()):
+        if len(names) > 1:
+            out.append(check(
+                "topology.port-conflict", "error", "one port used twice",
+                f"port {port} is used by {', '.join(names)}; every instance on one host needs its own "
+                "--port, --nccl-port and --engine-info-bootstrap-port",
+                f"give {names[1]} a free port", subject=names[1], port=port))
+    ours = set(by_port)
+    running_units = {u.name for u in facts.units if u.active in ("active", "activating")}
+    mine = {r.unit for r in dep.roles} | ({dep.router.unit} if dep.router else set())
+    if facts.source == "probed" and not (running_units & mine):
+        for port in sorted(ours & set(facts.ports_in_use)):
+            out.append(check(
+                "host.port-in-use", "error", "port already in use on the host",
+                f"port {port} ({', '.join(by_port[port])}) is already listening on {facts.host} and "
+                "not by this deployment",
+                "stop what listens there or choose another port", subject=by_port[port][0], port=port))
+    return out
+
+
+def disk_rows(facts: Facts, model_path: str, needed: int, variant: str) -> tuple[list[DiskRow], list[Check]]:
+    """Where the checkpoint goes and whether it fits; which present models would free enough."""
+    present = any(m.path.rstrip("/") == model_path.rstrip("/") for m in facts.models)
+    disk = _covering_disk(facts, model_path)
+    checks: list[Check] = []
+    rows: list[DiskRow] = []
+    if disk is None:
+        checks.append(check(
+            "disk.unknown", "warning", "no disk declared for the model path",
+            f"no declared disk contains {model_path}; the planner cannot tell whether the "
+            f"{gb(needed)} checkpoint fits",
+            "declare the disk (path, size, free) in the inventory, or plan with --host to probe it",
+            subject=model_path, needed_bytes=needed))
+        return rows, checks
+    shortfall = 0 if present else max(0, needed - disk.free_bytes)
+    could_free: list[str] = []
+    if shortfall:
+        others = sorted((m for m in facts.models if m.path.startswith(disk.path.rstrip("/") + "/")
+                         or m.path == disk.path), key=lambda m: -m.size_bytes)
+        single = [m for m in others if m.size_bytes >= shortfall]
+        if single:
+            smallest = min(single, key=lambda m: m.size_bytes)
+            could_free = [f"{smallest.path} ({gb(smallest.size_bytes)})"]
+        else:
+            acc = 0
+            for m in others:
+                could_free.append(f"{m.path} ({gb(m.size_bytes)})")
+                acc += m.size_bytes
+                if acc >= shortfall:
+                    break
+            if acc < shortfall:
+                could_free = []
+        fix = (f"free at least {gb(shortfall)} on {disk.path}"
+               + (f", e.g. remove {' + '.join(could_free)}" if could_free else "")
+               + ", or put the model on a larger disk (model.path)")
+        checks.append(check(
+            "disk.space", "error", "checkpoint does not fit the disk",
+            f"{variant} needs {gb(needed)} ({gib(needed)}) at {model_path}; {disk.path} has "
+            f"{gb(disk.free_bytes)} ({gib(disk.free_bytes)}) free: {gb(shortfall)} short",
+            fix, subject=disk.path, needed_bytes=needed, free_bytes=disk.free_bytes,
+            shortfall_bytes=shortfall))
+    rows.append(DiskRow(path=disk.path, size_bytes=disk.size_bytes, free_bytes=disk.free_bytes,
+                        needed_bytes=needed, present=present, shortfall_bytes=shortfall,
+                        could_free=could_free))
+    return rows, checks
+
+
+def _covering_disk(facts: Facts, path: str) -> DiskFact | None:
+    """The declared/probed disk with the longest mount path that contains ``path``."""
+    best: DiskFact | None = None
+    for d in facts.disks:
+        root = d.path.rstrip("/") or "/"
+        covers = root == "/" or path == root or path.startswith(root + "/")
+        if covers and (best is None or len(root) > len(best.path.rstrip("/") or "/")):
+            best = d
+    return best
+
+
+def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]]) -> list[Check]:
+    """Mark acknowledged warnings; an acknowledgement of an error or of nothing is itself reported."""
+    ack = dict(acks)
+    out: list[Check] = []
+    used: set[str] = set()
+    for c in checks:
+        if c.id in ack:
+            used.add(c.id)
+            if c.severity == "error":
+                out.append(c)
+                out.append(check(
+                    "profile.ack-error", "error", "errors cannot be acknowledged",
+                    f"the profile acknowledges {c.id}, which is an error: the deployment would fail",
+                    f"fix the cause of {c.id} instead of acknowledging it", subject=c.id))
+                continue
+            out.append(c.model_copy(update={"acknowledged": True, "ack_reason": ack[c.id]}))
+        else:
+            out.append(c)
+    for cid in sorted(set(ack) - used):
+        out.append(check(
+            "profile.ack-unused", "warning", "acknowledgement matches no check",
+            f"the profile acknowledges {cid}, but the plan has no such check",
+            "remove the stale acknowledgement (or correct the id)", subject=cid))
+    return out

@@ -1,0 +1,187 @@
+"""Presenting a Plan: concise text for terminals, markdown for pull requests, versioned JSON for tools.
+
+Summary first, then the per-GPU capacity table, disks, checks, and the actions in Terraform's
+vocabulary (``+`` create, ``~`` change, ``-`` remove, ``~>`` restart). Output is a pure function of the
+Plan, so golden tests pin it byte for byte. Sensitive files are shown as ``(sensitive)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from orchestrator.planner_model import Check, Plan
+
+_SYMBOL = {"create": "+", "change": "~", "remove": "-", "restart": "~>", "start": "+>", "stop": "-<"}
+_SEV = {"error": "x error  ", "warning": "! warning", "info": "i info   "}
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    out = [indent + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in rows:
+        out.append(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return out
+
+
+def summary_line(plan: Plan) -> str:
+    counts = {k: 0 for k in ("create", "change", "remove")}
+    for a in plan.actions:
+        if a.kind in counts:
+            counts[a.kind] += 1
+    return (f"Plan: {counts['create']} to add, {counts['change']} to change, {counts['remove']} to "
+            f"remove, {len(plan.restarts)} to restart.")
+
+
+def _check_counts(checks: Sequence[Check]) -> str:
+    err = sum(1 for c in checks if c.severity == "error")
+    warn = [c for c in checks if c.severity == "warning"]
+    acked = sum(1 for c in warn if c.acknowledged)
+    text = f"{err} error{'s' if err != 1 else ''}, {len(warn)} warning{'s' if len(warn) != 1 else ''}"
+    if acked:
+        text += f" ({acked} acknowledged)"
+    return text
+
+
+def _topology(plan: Plan) -> str:
+    dep = plan.deployment
+    parts = []
+    for r in dep.roles:
+        extra = f" EP{r.ep}" if r.ep > 1 else ""
+        extra += f" attn-DP{r.attn_dp}" if r.attn_dp > 1 else ""
+        parts.append(f"{r.name} GPUs {','.join(map(str, r.gpus))} TP{r.tp}{extra}")
+    mode = "pd" if dep.router else "colocated"
+    return f"{mode}: " + "; ".join(parts)
+
+
+def render_text(plan: Plan, *, verbose: bool = False) -> str:
+    dep = plan.deployment
+    lines = [
+        f"dsv4ctl plan: {plan.profile_name}  (host {plan.host}, {plan.facts_source} facts)",
+        f"  engine {dep.engine_name} {dep.engine_version} | model {dep.model_variant} | "
+        f"experts {dep.expert_storage} | index_topk {dep.index_topk} | kv {dep.kv_cache_dtype} | "
+        f"context {dep.context_length:,}",
+        f"  topology {_topology(plan)}",
+        f"  checks: {_check_counts(plan.checks)}",
+        f"  {summary_line(plan)}",
+        "",
+    ]
+    if plan.gpus:
+        model = plan.gpus[0].model
+        lines.append(f"GPU memory ({model}, {_gib(plan.gpus[0].total_bytes)} each):")
+        rows = [[str(g.index), g.role or "-", _gib(g.weights_bytes), _gib(g.kv_bytes),
+                 _gib(g.headroom_bytes), _gib(g.free_static_bytes)] for g in plan.gpus]
+        lines += _table(["GPU", "role", "weights", "KV pool", "headroom", "unused"], rows)
+        lines.append("")
+    if plan.capacity:
+        lines.append("KV cache per role:")
+        rows = []
+        for c in plan.capacity:
+            rows.append([c.role, f"{c.bytes_per_token:,.0f} B", f"{c.max_total_tokens_per_rank:,}",
+                         f"{c.attn_dp}", f"{c.token_capacity:,}", f"{c.max_running_requests}",
+                         f"{c.mem_fraction_static:.2f}"])
+        lines += _table(["role", "bytes/token", "tokens/rank", "attn-DP", "capacity", "max reqs",
+                         "mfs"], rows)
+        w = plan.deployment
+        lines.append(f"  context per request up to {w.context_length:,} tokens")
+        lines.append("")
+    if plan.disks:
+        lines.append("Disk:")
+        rows = []
+        for d in plan.disks:
+            status = "present" if d.present else ("ok" if not d.shortfall_bytes else
+                                                  f"SHORT {_gb(d.shortfall_bytes)}")
+            rows.append([d.path, _gb(d.free_bytes), _gb(d.needed_bytes), status])
+        lines += _table(["path", "free", "checkpoint", "status"], rows)
+        lines.append("")
+    shown = [c for c in plan.checks if verbose or c.severity != "info"]
+    if shown:
+        lines.append("Checks:")
+        for c in shown:
+            tag = _SEV[c.severity] + (" (acknowledged)" if c.acknowledged else "")
+            lines.append(f"  {tag} {c.id}: {c.title}")
+            lines.append(f"      {c.message}")
+            if c.fix and not c.acknowledged:
+                lines.append(f"      fix: {c.fix}")
+            if c.acknowledged and c.ack_reason:
+                lines.append(f"      acknowledged: {c.ack_reason}")
+            if c.source and verbose:
+                lines.append(f"      source: {c.source}")
+        lines.append("")
+    if plan.actions:
+        lines.append("Changes:")
+        for a in plan.actions:
+            detail = f"  ({a.detail})" if a.detail else ""
+            lines.append(f"  {_SYMBOL[a.kind]:>2} {a.target}{detail}")
+        if plan.restarts:
+            lines.append(f"  downtime: restarting {', '.join(plan.restarts)} reloads the model "
+                         "(minutes without service for that role)")
+        lines.append("")
+    else:
+        lines.append("No changes.")
+        lines.append("")
+    if plan.errors:
+        lines.append(f"The plan has {len(plan.errors)} error(s): nothing can be applied until they "
+                     "are fixed.")
+    else:
+        lines.append(summary_line(plan))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(plan: Plan) -> str:
+    dep = plan.deployment
+    lines = [
+        f"### dsv4ctl plan: `{plan.profile_name}` on `{plan.host}`",
+        "",
+        f"**{summary_line(plan)}** Checks: {_check_counts(plan.checks)}.",
+        "",
+        f"- engine: {dep.engine_name} {dep.engine_version}; model `{dep.model_variant}` "
+        f"(experts {dep.expert_storage}); index_topk {dep.index_topk}; KV {dep.kv_cache_dtype}",
+        f"- topology: {_topology(plan)}",
+        "",
+    ]
+    if plan.gpus:
+        lines += ["| GPU | role | weights | KV pool | headroom | unused |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        lines += [f"| {g.index} | {g.role or '-'} | {_gib(g.weights_bytes)} | {_gib(g.kv_bytes)} | "
+                  f"{_gib(g.headroom_bytes)} | {_gib(g.free_static_bytes)} |" for g in plan.gpus]
+        lines.append("")
+    shown = [c for c in plan.checks if c.severity != "info"]
+    if shown:
+        lines += ["| severity | check | message | fix |", "|---|---|---|---|"]
+        for c in shown:
+            sev = c.severity + (" (ack)" if c.acknowledged else "")
+            msg = c.message.replace("|", "\\|")
+            fix = (c.fix or "").replace("|", "\\|")
+            lines.append(f"| {sev} | `{c.id}` | {msg} | {fix} |")
+        lines.append("")
+    if plan.actions:
+        lines += ["<details><summary>Changes</summary>", "", "```diff"]
+        for a in plan.actions:
+            sym = {"create": "+", "remove": "-"}.get(a.kind, "!")
+            lines.append(f"{sym} {a.kind} {a.target}" + (f" ({a.detail})" if a.detail else ""))
+        lines += ["```", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def render_json(plan: Plan, *, include_content: bool = False) -> str:
+    data = plan.model_dump(mode="json")
+    if not include_content:
+        for f in data["files"]:
+            f.pop("content", None)
+    data["summary"] = {
+        "errors": len(plan.errors),
+        "warnings": sum(1 for c in plan.checks if c.severity == "warning"),
+        "changes": len(plan.actions),
+        "restarts": plan.restarts,
+        "line": summary_line(plan),
+    }
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,51 @@
+"""Suite-wide pytest options and helpers.
+
+``--update-golden`` rewrites golden files instead of comparing against them; without it a golden test
+fails with a diff. Regenerated goldens are reviewed like code before they are committed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files from the current output instead of comparing")
+
+
+class Golden:
+    """Compare text with a file under tests/golden/, or rewrite it with --update-golden."""
+
+    def __init__(self, update: bool) -> None:
+        self.update = update
+
+    def check(self, relpath: str, actual: str) -> None:
+        path = REPO / "tests" / "golden" / relpath
+        if self.update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(actual, encoding="utf-8")
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path.relative_to(REPO)} is missing; run pytest --update-golden "
+                        "and review it")
+        expected = path.read_text(encoding="utf-8")
+        if expected != actual:
+            diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
+                                                f"golden/{relpath}", "actual"))
+            pytest.fail(f"output differs from golden/{relpath} (pytest --update-golden to accept):\n"
+                        + diff)
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Golden:
+    import os
+
+    update = bool(request.config.getoption("--update-golden")) or os.environ.get(
+        "DSV4_UPDATE_GOLDEN") == "1"
+    return Golden(update)
