@@ -1,0 +1,131 @@
+"""`dsv4ctl validate`, `schema`, `plan` and `catalog`: the read-only commands.
+
+None of them touches a host unless ``plan --host`` asks for live facts; none imports torch, triton or
+fabric (``plan --host`` imports the remote layer only when it is used).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.errors import ExitCode
+
+
+def _profile_arg(required: bool = False) -> Callable[[Any], Any]:
+    return click.argument("profile", required=required,
+                          type=click.Path(dir_okay=False, path_type=Path))
+
+
+_inventory_opt = click.option(
+    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    envvar="DSV4CTL_INVENTORY", show_envvar=True,
+    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
+
+
+@click.command()
+@_profile_arg(required=False)
+def validate(profile: Path | None) -> int:
+    """Check a profile's shape (types, ranges, unknown keys) without planning.
+
+    Errors name the file, line, field path, value, reason and fix. Use `dsv4ctl plan` to also check
+    it against the catalog, the engine version and the host.
+    """
+    from orchestrator.paths import default_profile
+    from orchestrator.profile import load_profile
+
+    path = profile or default_profile()
+    p = load_profile(path)
+    click.echo(f"{path}: valid profile '{p.name}' ({p.topology.mode}, model {p.model.variant})")
+    return 0
+
+
+@click.command()
+@click.option("--inventory-schema", is_flag=True, help="Print the inventory schema instead.")
+def schema(inventory_schema: bool) -> int:
+    """Print the JSON Schema of profiles (or inventories) for editor completion.
+
+    \b
+    VS Code / yaml-language-server: save it and add at the top of a profile
+      # yaml-language-server: $schema=./dsv4ctl.schema.json
+    """
+    from orchestrator.profile import Inventory, Profile
+
+    model = Inventory if inventory_schema else Profile
+    data = model.model_json_schema(by_alias=True)
+    data["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    data["title"] = "dsv4ctl inventory" if inventory_schema else "dsv4ctl profile"
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+    return 0
+
+
+@click.command()
+@_profile_arg(required=False)
+@_inventory_opt
+@click.option("--host", "live_host", metavar="NAME", default=None,
+              help="Probe this inventory host over SSH and plan against its live facts.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True, help="json is versioned (field 'format'); markdown suits PR comments.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Save the plan (with file contents) for `dsv4ctl apply PLAN.json`.")
+@click.option("--detailed-exitcode", is_flag=True,
+              help="Exit 2 when the plan has changes, 0 when none (1 on errors).")
+@click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fmt: str,
+         out: Path | None, detailed_exitcode: bool, verbose: bool) -> int:
+    """Prove a profile fits its host and show what applying it would change.
+
+    PROFILE defaults to the embedded profiles/default.yaml and its inventory's declared host, so it
+    works with no host reachable. The plan shows weights, KV pool and headroom per GPU, the checkpoint
+    against free disk, every check (errors block apply; warnings can be acknowledged in the profile by
+    id), and the files and restarts an apply would make.
+    """
+    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.report import render_json, render_markdown, render_text
+
+    facts = None
+    if live_host is not None:
+        from orchestrator.planner.build import load_context
+        from orchestrator.remote import gather_facts  # fabric: only when probing
+
+        ctx = load_context(profile, inventory, host_override=live_host)
+        facts = gather_facts(ctx.host_name, ctx.host)
+    result = plan_from_paths(profile, inventory, facts=facts, host_override=live_host)
+    if out is not None:
+        from orchestrator.planner.build import save_plan
+
+        save_plan(result, out)
+    if fmt == "json":
+        click.echo(render_json(result), nl=False)
+    elif fmt == "markdown":
+        click.echo(render_markdown(result), nl=False)
+    else:
+        click.echo(render_text(result, verbose=verbose), nl=False)
+        if out is not None:
+            click.echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
+    if result.errors:
+        return int(ExitCode.ERROR)
+    if detailed_exitcode and result.has_changes:
+        return int(ExitCode.CHANGES)
+    return 0
+
+
+@click.command()
+@click.argument("what", type=click.Choice(["models", "gpus", "engines"]), default="models")
+def catalog(what: str) -> int:
+    """List what the catalog knows: model variants, GPUs or engine versions."""
+    from orchestrator.catalog import load_catalog
+
+    cat = load_catalog()
+    for line in cat.describe(what):
+        click.echo(line)
+    return 0
+
+
+def register(group: click.Group) -> None:
+    for cmd in (validate, schema, plan, catalog):
+        group.add_command(cmd)
