@@ -1,0 +1,320 @@
+"""The Grafana dashboard of one deployment, generated from code.
+
+Owns the panel list (which SGLang / router series to show for the deployment's roles: colocated
+or prefill/decode, router, speculative decoding) and the layout. Panels are laid out on Grafana's
+24-column grid row by row, so positions never overlap and ids are assigned in order (unique).
+
+Importable as is: ``__inputs`` declares the Prometheus data source (the UI import asks for it) and
+a ``datasource`` template variable lets provisioning pick one; every query uses
+``{"type": "prometheus", "uid": "${datasource}"}``. Range selectors use Grafana's
+``$__rate_interval``; :data:`GRAFANA_VARIABLES` lists every Grafana variable used so tests can
+substitute them and run each expression through promtool.
+No Grafana library is used: none validates (research/env-probe.md §6); the JSON is small.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.deployment import Deployment
+from orchestrator.monitoring.prometheus import num
+from orchestrator.profile.schema import Profile
+
+# Grafana variables that may appear in expressions, and a value promtool accepts for each.
+GRAFANA_VARIABLES: dict[str, str] = {"$__rate_interval": "5m"}
+DS = {"type": "prometheus", "uid": "${datasource}"}
+WIDTH = 24
+SCHEMA_VERSION = 39
+
+
+@dataclass
+class Target:
+    expr: str
+    legend: str
+    fmt: str = "time_series"
+
+
+@dataclass
+class Panel:
+    title: str
+    targets: list[Target]
+    unit: str = "short"
+    kind: str = "timeseries"  # timeseries | heatmap | stat
+    width: int = 12
+    height: int = 8
+    description: str = ""
+    thresholds: list[tuple[float, str]] = field(default_factory=list)  # (value, colour)
+    max: float | None = None
+
+
+@dataclass
+class Row:
+    title: str
+    panels: list[Panel]
+
+
+def _s(metric: str, dep: Deployment, extra: str = "") -> str:
+    inner = f'deployment="{dep.name}"' + (f",{extra}" if extra else "")
+    return f"{metric}{{{inner}}}"
+
+
+def _quantiles(metric: str, dep: Deployment, extra: str = "") -> list[Target]:
+    return [
+        Target(
+            f"histogram_quantile({q}, sum by (role, le) "
+            f"(rate({_s(metric + '_bucket', dep, extra)}[$__rate_interval])))",
+            f"{{{{role}}}} p{int(float(q) * 100)}",
+        )
+        for q in ("0.5", "0.95", "0.99")
+    ]
+
+
+def rows(profile: Profile, dep: Deployment) -> list[Row]:
+    th = profile.monitoring.alerts
+    pd = dep.router is not None
+    out: list[Row] = []
+    out.append(Row("Serving", [
+        Panel("Running requests", [Target(f"sum by (role) ({_s('sglang:num_running_reqs', dep)})",
+                                          "{{role}}")], width=8),
+        Panel("Queued requests", [Target(f"sum by (role) ({_s('sglang:num_queue_reqs', dep)})",
+                                         "{{role}}")], width=8,
+              thresholds=[(float(th.queue_high), "red")]),
+        Panel("Generation throughput", [
+            Target(f"sum by (role) ({_s('sglang:gen_throughput', dep)})", "{{role}} (scheduler)"),
+            Target(f"sum by (role) (rate({_s('sglang:generation_tokens_total', dep)}"
+                   "[$__rate_interval]))", "{{role}} (output tokens)"),
+        ], unit="tok/s", width=8),
+        Panel("Requests and aborts", [
+            Target(f"sum by (role) (rate({_s('sglang:num_requests_total', dep)}"
+                   "[$__rate_interval]))", "{{role}} requests"),
+            Target(f"sum by (role) (rate({_s('sglang:num_aborted_requests_total', dep)}"
+                   "[$__rate_interval]))", "{{role}} aborted"),
+        ], unit="reqps", width=12),
+        Panel("Targets up", [Target(f'up{{deployment="{dep.name}"}}', "{{role}}")], width=12,
+              max=1.0),
+    ]))
+    out.append(Row("KV cache", [
+        Panel("KV token usage per pool", [
+            Target(f"max by (role) ({_s('sglang:full_token_usage', dep)})", "{{role}} full"),
+            Target(f"max by (role) ({_s('sglang:swa_token_usage', dep)})", "{{role}} swa"),
+            Target(f"max by (role) ({_s('sglang:token_usage', dep)})", "{{role}} max of pools"),
+        ], unit="percentunit", max=1.0,
+            thresholds=[(th.kv_usage_high, "orange"), (th.swa_usage_high, "red")]),
+        Panel("KV tokens used / capacity", [
+            Target(f"sum by (role) ({_s('sglang:num_used_tokens', dep)})", "{{role}} full used"),
+            Target(f"sum by (role) ({_s('sglang:max_total_num_tokens', dep)})",
+                   "{{role}} full max"),
+            Target(f"sum by (role) ({_s('sglang:swa_used_tokens', dep)})", "{{role}} swa used"),
+            Target(f"sum by (role) ({_s('sglang:max_total_num_tokens_swa', dep)})",
+                   "{{role}} swa max"),
+        ]),
+        Panel("Prefix cache hit rate", [
+            Target(f"max by (role) ({_s('sglang:cache_hit_rate', dep)})", "{{role}} scheduler"),
+            Target(f"sum by (role) (rate({_s('sglang:cached_tokens_total', dep)}"
+                   "[$__rate_interval])) / sum by (role) "
+                   f"(rate({_s('sglang:prompt_tokens_total', dep)}[$__rate_interval]))",
+                   "{{role}} cached/prompt tokens"),
+        ], unit="percentunit", max=1.0, width=24),
+    ]))
+    out.append(Row("Latency", [
+        Panel("Time to first token", _quantiles("sglang:time_to_first_token_seconds", dep),
+              unit="s", width=8, thresholds=[(th.ttft_p95_s, "red")]),
+        Panel("Inter-token latency", _quantiles("sglang:inter_token_latency_seconds", dep),
+              unit="s", width=8, thresholds=[(th.itl_p95_s, "red")]),
+        Panel("End-to-end latency", _quantiles("sglang:e2e_request_latency_seconds", dep),
+              unit="s", width=8),
+        Panel("TTFT distribution", [
+            Target(f"sum by (le) (increase({_s('sglang:time_to_first_token_seconds_bucket', dep)}"
+                   "[$__rate_interval]))", "{{le}}", fmt="heatmap"),
+        ], kind="heatmap", unit="s", width=12),
+        Panel("ITL distribution", [
+            Target(f"sum by (le) (increase({_s('sglang:inter_token_latency_seconds_bucket', dep)}"
+                   "[$__rate_interval]))", "{{le}}", fmt="heatmap"),
+        ], kind="heatmap", unit="s", width=12),
+    ]))
+    if dep.speculative_algorithm != "none":
+        out.append(Row(f"Speculative decoding ({dep.speculative_algorithm})", [
+            Panel("Acceptance length", [
+                Target(f"max by (role) ({_s('sglang:spec_accept_length', dep)})", "{{role}}")
+            ], thresholds=[(th.spec_accept_length_min, "red")]),
+            Panel("Acceptance rate", [
+                Target(f"max by (role) ({_s('sglang:spec_accept_rate', dep)})", "{{role}}")
+            ], unit="percentunit", max=1.0),
+        ]))
+    if pd:
+        out.append(Row(f"PD disaggregation ({dep.transfer_backend})", [
+            Panel("PD queues", [
+                Target(f"sum ({_s('sglang:num_prefill_bootstrap_queue_reqs', dep)})",
+                       "prefill bootstrap"),
+                Target(f"sum ({_s('sglang:num_prefill_inflight_queue_reqs', dep)})",
+                       "prefill in flight"),
+                Target(f"sum ({_s('sglang:num_decode_prealloc_queue_reqs', dep)})",
+                       "decode prealloc"),
+                Target(f"sum ({_s('sglang:num_decode_transfer_queue_reqs', dep)})",
+                       "decode transfer"),
+            ], width=8),
+            Panel("KV transfer latency", [
+                *_quantiles("sglang:kv_transfer_latency_ms", dep)[:2],
+                *[Target(t.expr, t.legend.replace("{{role}}", "{{role}} bootstrap"))
+                  for t in _quantiles("sglang:kv_transfer_bootstrap_ms", dep)[:2]],
+            ], unit="ms", width=8),
+            Panel("KV transfer speed", _quantiles("sglang:kv_transfer_speed_gb_s", dep)[:2],
+                  unit="GBs", width=8),
+            Panel("PD failures", [
+                Target(f"sum by (role) (increase("
+                       f"{_s('sglang:num_bootstrap_failed_reqs_total', dep)}[$__rate_interval]))",
+                       "{{role}} bootstrap failed"),
+                Target(f"sum by (role) (increase("
+                       f"{_s('sglang:num_transfer_failed_reqs_total', dep)}[$__rate_interval]))",
+                       "{{role}} transfer failed"),
+            ], width=24),
+        ]))
+        # Router label names are not confirmed for 0.3.2 (see metrics.py): aggregate without
+        # them except `worker`, which only names the legend.
+        out.append(Row("Router (sglang-router)", [
+            Panel("Router requests", [
+                Target(f"sum (rate({_s('smg_http_requests_total', dep)}[$__rate_interval]))",
+                       "requests"),
+                Target(f"sum (rate({_s('smg_router_request_errors_total', dep)}"
+                       "[$__rate_interval]))", "errors"),
+            ], unit="reqps", width=8),
+            Panel("Router request duration", [
+                Target(f"histogram_quantile({q}, sum by (le) "
+                       f"(rate({_s('smg_http_request_duration_seconds_bucket', dep)}"
+                       "[$__rate_interval])))", f"p{p}")
+                for q, p in (("0.5", 50), ("0.95", 95), ("0.99", 99))
+            ], unit="s", width=8),
+            Panel("Worker health", [
+                Target(_s("smg_worker_health", dep), "{{worker}}"),
+                Target(_s("smg_worker_pool_size", dep), "pool size"),
+            ], width=8),
+            Panel("Active requests per worker", [
+                Target(_s("smg_worker_requests_active", dep), "{{worker}}"),
+            ], width=12),
+            Panel("Circuit breaker state (0 closed, 1 open, 2 half-open)", [
+                Target(_s("smg_worker_cb_state", dep), "{{worker}}"),
+            ], width=12),
+        ]))
+    return out
+
+
+def _thresholds(panel: Panel) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": c, "value": v} for v, c in panel.thresholds]
+    return {"mode": "absolute", "steps": steps}
+
+
+def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit, "thresholds": _thresholds(panel)}
+    if panel.max is not None:
+        defaults["max"] = panel.max
+        defaults["min"] = 0
+    if panel.kind == "timeseries" and panel.thresholds:
+        defaults["custom"] = {"thresholdsStyle": {"mode": "line"}}
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DS,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "none"}},
+        "targets": [
+            {
+                "datasource": DS,
+                "refId": chr(ord("A") + i),
+                "expr": t.expr,
+                "legendFormat": t.legend,
+                "format": t.fmt,
+                "range": True,
+            }
+            for i, t in enumerate(panel.targets)
+        ],
+    }
+    if panel.kind == "heatmap":
+        out["options"] = {"calculate": False, "yAxis": {"unit": panel.unit},
+                          "cellGap": 1, "color": {"scheme": "Oranges", "mode": "scheme"}}
+    return out
+
+
+def layout(row_list: list[Row]) -> list[dict[str, Any]]:
+    """Panels in Grafana JSON: a collapsed=false row header, then panels packed left to right."""
+    panels: list[dict[str, Any]] = []
+    pid = 1
+    y = 0
+    for row in row_list:
+        panels.append({"id": pid, "type": "row", "title": row.title, "collapsed": False,
+                       "gridPos": {"h": 1, "w": WIDTH, "x": 0, "y": y}, "panels": []})
+        pid += 1
+        y += 1
+        x = 0
+        line_h = 0
+        for p in row.panels:
+            if p.width > WIDTH:
+                raise ValueError(f"panel {p.title!r} wider than the grid")
+            if x + p.width > WIDTH:
+                y += line_h
+                x, line_h = 0, 0
+            panels.append(_panel_json(p, pid, x, y))
+            pid += 1
+            x += p.width
+            line_h = max(line_h, p.height)
+        y += line_h
+    return panels
+
+
+def dashboard(profile: Profile, dep: Deployment) -> dict[str, Any]:
+    th = profile.monitoring.alerts
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus",
+                      "description": "Prometheus that scrapes this deployment",
+                      "type": "datasource", "pluginId": "prometheus",
+                      "pluginName": "Prometheus"}],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+            {"type": "panel", "id": "heatmap", "name": "Heatmap", "version": ""},
+        ],
+        "annotations": {"list": []},
+        "description": (f"dsv4ctl deployment {dep.name}: {dep.model_variant} on SGLang "
+                        f"{dep.engine_version}; alert budgets TTFT p95 {num(th.ttft_p95_s)} s, "
+                        f"ITL p95 {num(th.itl_p95_s)} s"),
+        "editable": True,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [],
+        "panels": layout(rows(profile, dep)),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": ["dsv4ctl", "sglang", dep.name],
+        "templating": {"list": [{
+            "name": "datasource", "label": "Data source", "type": "datasource",
+            "query": "prometheus", "current": {"text": "${DS_PROMETHEUS}",
+                                               "value": "${DS_PROMETHEUS}"},
+            "hide": 0, "refresh": 1, "regex": "", "options": [],
+        }]},
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "title": f"DeepSeek-V4 / SGLang — {dep.name}",
+        "uid": f"dsv4-{dep.name}"[:40],
+        "version": 1,
+    }
+
+
+def dashboard_json(profile: Profile, dep: Deployment) -> str:
+    return json.dumps(dashboard(profile, dep), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def expressions(doc: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """(panel id, title, expr) for every query in a dashboard document."""
+    out = []
+    for p in doc["panels"]:
+        for t in p.get("targets", []):
+            out.append((p["id"], p["title"], t["expr"]))
+    return out

@@ -1,0 +1,428 @@
+"""Prometheus scrape config, recording and alerting rules, and their promtool unit tests.
+
+Owns what Prometheus needs to watch one deployment: a scrape job per engine role (``/metrics`` on
+the role's HTTP port; SGLang serves it there with ``--enable-metrics``) and one for the router's
+separate metrics listener, every target labelled ``deployment`` and ``role``; the rules that turn
+the operator's lessons into alerts (thresholds from ``profile.monitoring.alerts``); and a
+``promtool test rules`` file with a firing and a quiet case for every alert, shipped with the
+release so the operator can re-run it on the host.
+
+Everything here is a pure function of (profile, deployment): no clock, stable key order.
+Metric names come from :mod:`orchestrator.monitoring.metrics` (sources cited there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from orchestrator.deployment import Deployment
+from orchestrator.errors import RenderError
+from orchestrator.monitoring.metrics import ITL_MAX_BUCKET_S, TTFT_MAX_BUCKET_S
+from orchestrator.profile.schema import Profile
+
+RULES_FILE = "rules.yml"
+RULE_TESTS_FILE = "rules_test.yml"
+ENGINE_ROLES_RE = "engine|prefill|decode"
+# Not in the profile schema (AlertThresholds has no field for it): the share of requests aborted
+# over 5 minutes above which we alert. Clients that hang up also count as aborts in SGLang, so the
+# bar is not zero.
+ABORTED_RATIO_HIGH = 0.05
+DOWN_FOR = "1m"
+
+
+def num(x: float) -> str:
+    """A threshold as PromQL/YAML text: shortest stable form (0.9, 10, 0.25)."""
+    return format(float(x), ".10g")
+
+
+def yaml_text(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100,
+                          allow_unicode=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# scrape config
+
+
+def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
+    interval = f"{profile.monitoring.scrape_interval_s}s"
+    engine_targets = [
+        {"targets": [f"127.0.0.1:{r.port}"], "labels": {"deployment": dep.name, "role": r.name}}
+        for r in dep.roles
+    ]
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_name": f"dsv4-{dep.name}-engine",
+            "metrics_path": "/metrics",
+            "static_configs": engine_targets,
+        }
+    ]
+    if dep.router is not None:
+        jobs.append(
+            {
+                "job_name": f"dsv4-{dep.name}-router",
+                "metrics_path": "/metrics",
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{dep.router.prometheus_port}"],
+                        "labels": {"deployment": dep.name, "role": "router"},
+                    }
+                ],
+            }
+        )
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        # Relative paths in rule_files resolve against this file's directory (Prometheus docs,
+        # configuration.md "rule_files"), so the release directory can move as a whole.
+        "rule_files": [RULES_FILE],
+        "scrape_configs": jobs,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# rules
+
+
+@dataclass(frozen=True)
+class Case:
+    """One promtool alert test: input series, when to evaluate, and whether the alert fires."""
+
+    name: str
+    series: tuple[tuple[str, str], ...]  # (series selector, values in promtool notation)
+    eval_minutes: int
+    fires: bool
+    labels: tuple[tuple[str, str], ...] = ()  # alert labels beyond severity when it fires
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str | None
+    severity: str
+    summary: str  # may use {{ $labels.role }} (expanded by the tests' expectation below)
+    description: str
+    cases: tuple[Case, ...] = field(default_factory=tuple)
+
+    def rule(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"alert": self.name, "expr": self.expr}
+        if self.for_:
+            out["for"] = self.for_
+        out["labels"] = {"severity": self.severity}
+        out["annotations"] = {"summary": self.summary, "description": self.description}
+        return out
+
+
+def _sel(metric: str, dep: Deployment, extra: str = "") -> str:
+    inner = f'deployment="{dep.name}"' + (f",{extra}" if extra else "")
+    return f"{metric}{{{inner}}}"
+
+
+def recording_rules(dep: Deployment) -> list[dict[str, Any]]:
+    by = "by (deployment, role)"
+    byle = "by (deployment, role, le)"
+
+    def q(metric: str, quant: str) -> str:
+        return (f"histogram_quantile({quant}, sum {byle} "
+                f"(rate({_sel(metric + '_bucket', dep)}[5m])))")
+
+    rules = [
+        ("dsv4:kv_full_usage:max", f"max {by} ({_sel('sglang:full_token_usage', dep)})"),
+        ("dsv4:kv_swa_usage:max", f"max {by} ({_sel('sglang:swa_token_usage', dep)})"),
+        ("dsv4:queue_reqs:sum", f"sum {by} ({_sel('sglang:num_queue_reqs', dep)})"),
+        ("dsv4:queue_reqs:deriv10m",
+         f"sum {by} (deriv({_sel('sglang:num_queue_reqs', dep)}[10m]))"),
+        ("dsv4:running_reqs:sum", f"sum {by} ({_sel('sglang:num_running_reqs', dep)})"),
+        ("dsv4:generation_tokens:rate5m",
+         f"sum {by} (rate({_sel('sglang:generation_tokens_total', dep)}[5m]))"),
+        ("dsv4:requests:rate5m",
+         f"sum {by} (rate({_sel('sglang:num_requests_total', dep)}[5m]))"),
+        ("dsv4:aborted_requests:rate5m",
+         f"sum {by} (rate({_sel('sglang:num_aborted_requests_total', dep)}[5m]))"),
+        ("dsv4:ttft_seconds:p95", q("sglang:time_to_first_token_seconds", "0.95")),
+        ("dsv4:itl_seconds:p95", q("sglang:inter_token_latency_seconds", "0.95")),
+        ("dsv4:e2e_seconds:p95", q("sglang:e2e_request_latency_seconds", "0.95")),
+    ]
+    if dep.speculative_algorithm != "none":
+        rules.append(("dsv4:spec_accept_length:max",
+                      f"max {by} ({_sel('sglang:spec_accept_length', dep)})"))
+    return [{"record": name, "expr": expr} for name, expr in rules]
+
+
+def _engine_role(dep: Deployment) -> str:
+    """The role whose series the test cases use: decode in PD (it generates), else engine."""
+    return "decode" if dep.router is not None else dep.roles[0].name
+
+
+def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
+    th = profile.monitoring.alerts
+    if th.ttft_p95_s >= TTFT_MAX_BUCKET_S or th.itl_p95_s >= ITL_MAX_BUCKET_S:
+        raise RenderError(
+            f"monitoring.alerts: ttft_p95_s={num(th.ttft_p95_s)} / itl_p95_s={num(th.itl_p95_s)} "
+            "cannot fire: histogram_quantile() never exceeds SGLang 0.5.23's largest finite "
+            f"bucket (TTFT {num(TTFT_MAX_BUCKET_S)} s, ITL {num(ITL_MAX_BUCKET_S)} s)",
+            fix=f"set ttft_p95_s below {num(TTFT_MAX_BUCKET_S)} and itl_p95_s below "
+            f"{num(ITL_MAX_BUCKET_S)}",
+        )
+    d = dep.name
+    role = _engine_role(dep)
+    base = f'deployment="{d}",role="{role}",tp_rank="0"'
+    tok = f'deployment="{d}",role="{role}"'
+    fm = th.for_minutes
+    for_ = f"{fm}m"
+    late = fm + 3  # evaluation time well after `for` has elapsed
+    who = (("deployment", d), ("role", role))
+    out: list[Alert] = []
+
+    def hold(value: float) -> str:
+        return f"{num(value)}x{late + 5}"
+
+    # -- down --------------------------------------------------------------------------------
+    first = dep.roles[0].name
+    out.append(Alert(
+        "DSV4EngineDown",
+        f'up{{deployment="{d}",role=~"{ENGINE_ROLES_RE}"}} == 0',
+        DOWN_FOR, "critical",
+        "SGLang engine {{ $labels.role }} of " + d + " is down",
+        "Prometheus cannot scrape /metrics of this engine role for 1 minute: the process is "
+        "stopped, crashed, or still loading without --enable-metrics.",
+        (
+            Case("fires", ((f'up{{deployment="{d}",role="{first}",job="j",instance="i"}}',
+                            "0x10"),), 3, True,
+                 (("deployment", d), ("instance", "i"), ("job", "j"), ("role", first))),
+            Case("up", ((f'up{{deployment="{d}",role="{first}",job="j",instance="i"}}',
+                         "1x10"),), 3, False),
+        ),
+    ))
+    if dep.router is not None:
+        out.append(Alert(
+            "DSV4RouterDown",
+            f'up{{deployment="{d}",role="router"}} == 0',
+            DOWN_FOR, "critical",
+            "sglang-router of " + d + " is down",
+            "Prometheus cannot scrape the router's metrics listener for 1 minute; clients "
+            "cannot reach the deployment.",
+            (
+                Case("fires", ((f'up{{deployment="{d}",role="router",job="j",instance="i"}}',
+                                "0x10"),), 3, True,
+                     (("deployment", d), ("instance", "i"), ("job", "j"), ("role", "router"))),
+                Case("up", ((f'up{{deployment="{d}",role="router",job="j",instance="i"}}',
+                             "1x10"),), 3, False),
+            ),
+        ))
+        out.append(Alert(
+            "DSV4RouterWorkerUnhealthy",
+            f'smg_worker_health{{deployment="{d}"}} == 0',
+            "2m", "critical",
+            "sglang-router of " + d + " marks a worker unhealthy",
+            "The router's health checks fail for a prefill or decode worker; requests are not "
+            "routed to it. (Metric name from the 0.3.2 binary; label names not confirmed.)",
+            (
+                Case("fires", ((f'smg_worker_health{{deployment="{d}",role="router",'
+                                f'worker="http://w"}}', "0x10"),), 5, True,
+                     (("deployment", d), ("role", "router"), ("worker", "http://w"))),
+                Case("healthy", ((f'smg_worker_health{{deployment="{d}",role="router",'
+                                  f'worker="http://w"}}', "1x10"),), 5, False),
+            ),
+        ))
+
+    # -- KV cache ----------------------------------------------------------------------------
+    for metric, rec, name, limit, pool in (
+        ("sglang:full_token_usage", "dsv4:kv_full_usage:max", "DSV4KVCacheFullPoolHigh",
+         th.kv_usage_high, "full-attention"),
+        ("sglang:swa_token_usage", "dsv4:kv_swa_usage:max", "DSV4KVCacheSWAPoolHigh",
+         th.swa_usage_high, "sliding-window"),
+    ):
+        below = max(limit - 0.1, 0.0)
+        out.append(Alert(
+            name,
+            f'{rec}{{deployment="{d}"}} > {num(limit)}',
+            for_, "warning",
+            f"KV cache {pool} pool of {{{{ $labels.role }}}} above {num(limit * 100)}%",
+            f"The {pool} KV pool has been more than {num(limit * 100)}% used for {fm} minutes; "
+            "new requests queue or get retracted. Lower concurrency or context, or give the "
+            "pool more memory (mem_fraction_static).",
+            (
+                Case("fires", ((f"{metric}{{{base}}}", hold(min(limit + 0.02, 1.0))),),
+                     late, True, who),
+                Case("below", ((f"{metric}{{{base}}}", hold(below)),), late, False),
+                Case("too-short", ((f"{metric}{{{base}}}", hold(min(limit + 0.02, 1.0))),),
+                     max(fm - 1, 0), False),
+            ),
+        ))
+
+    # -- queue -------------------------------------------------------------------------------
+    qh = th.queue_high
+    out.append(Alert(
+        "DSV4QueueGrowing",
+        f'dsv4:queue_reqs:sum{{deployment="{d}"}} > {qh} and on (deployment, role) '
+        f'dsv4:queue_reqs:deriv10m{{deployment="{d}"}} >= 0',
+        for_, "warning",
+        f"Request queue of {{{{ $labels.role }}}} above {qh} and not draining",
+        f"More than {qh} requests have waited for {fm} minutes and the queue is not shrinking: "
+        "offered load exceeds what the engine serves.",
+        (
+            Case("fires", ((f"sglang:num_queue_reqs{{{base}}}", f"{qh + 1}+1x{late + 5}"),),
+                 late, True, who),
+            Case("draining", ((f"sglang:num_queue_reqs{{{base}}}",
+                               f"{qh + 2 * late + 20}-1x{late + 5}"),), late, False),
+            Case("below", ((f"sglang:num_queue_reqs{{{base}}}", f"{max(qh - 1, 0)}x{late + 5}"),),
+                 late, False),
+        ),
+    ))
+
+    # -- latency -----------------------------------------------------------------------------
+    for metric, rec, name, limit, what in (
+        ("sglang:time_to_first_token_seconds", "dsv4:ttft_seconds:p95", "DSV4TTFTHigh",
+         th.ttft_p95_s, "time to first token"),
+        ("sglang:inter_token_latency_seconds", "dsv4:itl_seconds:p95", "DSV4ITLHigh",
+         th.itl_p95_s, "inter-token latency"),
+    ):
+        lo, hi = num(limit / 2), num(limit * 4)
+        extra = ',is_streaming="true"' if "first_token" in metric else ""
+
+        def hist(fast: bool, metric: str = metric, extra: str = extra, lo: str = lo,
+                 hi: str = hi) -> tuple[tuple[str, str], ...]:
+            # 10 observations a minute, all in (0, limit/2] (fast) or in (limit/2, 4*limit].
+            n = f"0+10x{late + 5}"
+            return (
+                (f'{metric}_bucket{{{tok}{extra},le="{lo}"}}', n if fast else f"0x{late + 5}"),
+                (f'{metric}_bucket{{{tok}{extra},le="{hi}"}}', n),
+                (f'{metric}_bucket{{{tok}{extra},le="+Inf"}}', n),
+            )
+
+        out.append(Alert(
+            name,
+            f'{rec}{{deployment="{d}"}} > {num(limit)}',
+            for_, "warning",
+            f"p95 {what} of {{{{ $labels.role }}}} above {num(limit)} s",
+            f"The 95th percentile {what} over 5 minutes has exceeded the budget of {num(limit)} s "
+            f"for {fm} minutes (monitoring.alerts in the profile).",
+            (
+                Case("fires", hist(False), late, True, (("deployment", d), ("role", role))),
+                Case("fast", hist(True), late, False),
+            ),
+        ))
+
+    # -- PD failures -------------------------------------------------------------------------
+    if dep.router is not None:
+        for metric, name, what, r in (
+            ("sglang:num_bootstrap_failed_reqs_total", "DSV4PDBootstrapFailures", "bootstrap",
+             "prefill"),
+            ("sglang:num_transfer_failed_reqs_total", "DSV4PDTransferFailures", "KV transfer",
+             "decode"),
+        ):
+            sel = f'deployment="{d}",role="{r}",tp_rank="0"'
+            out.append(Alert(
+                name,
+                f"sum by (deployment, role) (increase({_sel(metric, dep)}[5m])) > 0",
+                None, "warning",
+                f"PD {what} failures on {{{{ $labels.role }}}}",
+                f"Requests failed in the prefill/decode {what} step in the last 5 minutes "
+                f"(transfer backend {dep.transfer_backend}); check both engines' logs.",
+                (
+                    Case("fires", ((f"{metric}{{{sel}}}", "0x5 1+0x10"),), 8, True,
+                         (("deployment", d), ("role", r))),
+                    Case("none", ((f"{metric}{{{sel}}}", "0x15"),), 8, False),
+                ),
+            ))
+
+    # -- aborted requests --------------------------------------------------------------------
+    out.append(Alert(
+        "DSV4RequestsAborted",
+        f'dsv4:aborted_requests:rate5m{{deployment="{d}"}} > on (deployment, role) '
+        f'({num(ABORTED_RATIO_HIGH)} * dsv4:requests:rate5m{{deployment="{d}"}})',
+        for_, "warning",
+        f"More than {num(ABORTED_RATIO_HIGH * 100)}% of requests to {{{{ $labels.role }}}} abort",
+        "Requests are aborted (client disconnects, timeouts, out-of-memory retraction limits) "
+        f"at more than {num(ABORTED_RATIO_HIGH * 100)}% of the request rate.",
+        (
+            Case("fires", ((f"sglang:num_requests_total{{{tok}}}", f"0+100x{late + 5}"),
+                           (f"sglang:num_aborted_requests_total{{{tok}}}", f"0+20x{late + 5}")),
+                 late, True, who),
+            Case("few", ((f"sglang:num_requests_total{{{tok}}}", f"0+100x{late + 5}"),
+                         (f"sglang:num_aborted_requests_total{{{tok}}}", f"0+1x{late + 5}")),
+                 late, False),
+        ),
+    ))
+
+    # -- speculative decoding ----------------------------------------------------------------
+    if dep.speculative_algorithm != "none":
+        lim = th.spec_accept_length_min
+        out.append(Alert(
+            "DSV4SpecAcceptanceCollapsed",
+            f'dsv4:spec_accept_length:max{{deployment="{d}"}} < {num(lim)} and on '
+            f'(deployment, role) dsv4:generation_tokens:rate5m{{deployment="{d}"}} > 0',
+            for_, "warning",
+            f"Speculative acceptance length of {{{{ $labels.role }}}} below {num(lim)}",
+            f"{dep.speculative_algorithm} drafts are mostly rejected while the engine generates: "
+            "speculation costs more than it saves. Check the draft model and the sampling "
+            "settings, or disable speculative decoding.",
+            (
+                Case("fires", ((f"sglang:spec_accept_length{{{base}}}", hold(lim / 2)),
+                               (f"sglang:generation_tokens_total{{{tok}}}", f"0+50x{late + 5}")),
+                     late, True, who),
+                Case("idle", ((f"sglang:spec_accept_length{{{base}}}", hold(lim / 2)),
+                              (f"sglang:generation_tokens_total{{{tok}}}", f"0x{late + 5}")),
+                     late, False),
+                Case("healthy", ((f"sglang:spec_accept_length{{{base}}}", hold(lim + 1)),
+                                 (f"sglang:generation_tokens_total{{{tok}}}", f"0+50x{late + 5}")),
+                     late, False),
+            ),
+        ))
+    return out
+
+
+def rules_document(profile: Profile, dep: Deployment) -> dict[str, Any]:
+    return {
+        "groups": [
+            {
+                "name": f"dsv4-{dep.name}",
+                # One group: rules in a group run in order, so alerts see this cycle's recordings.
+                "rules": recording_rules(dep) + [a.rule() for a in alerts(profile, dep)],
+            }
+        ]
+    }
+
+
+def _expand(template: str, labels: dict[str, str]) -> str:
+    out = template
+    for k, v in labels.items():
+        out = out.replace(f"{{{{ $labels.{k} }}}}", v)
+    return out
+
+
+def rule_tests_document(profile: Profile, dep: Deployment) -> dict[str, Any]:
+    """promtool unit tests: one test per alert case, evaluated every minute."""
+    tests: list[dict[str, Any]] = []
+    for alert in alerts(profile, dep):
+        for case in alert.cases:
+            exp: list[dict[str, Any]] = []
+            if case.fires:
+                labels = dict(case.labels)
+                exp.append({
+                    "exp_labels": {**labels, "severity": alert.severity},
+                    "exp_annotations": {"summary": _expand(alert.summary, labels),
+                                        "description": alert.description},
+                })
+            tests.append({
+                "name": f"{alert.name}/{case.name}",
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in case.series],
+                "alert_rule_test": [
+                    {"eval_time": f"{case.eval_minutes}m", "alertname": alert.name,
+                     "exp_alerts": exp}
+                ],
+            })
+    return {"rule_files": [RULES_FILE], "evaluation_interval": "1m", "tests": tests}
+
+
+def files(profile: Profile, dep: Deployment) -> dict[str, str]:
+    return {
+        "prometheus.yml": yaml_text(scrape_config(profile, dep)),
+        RULES_FILE: yaml_text(rules_document(profile, dep)),
+        RULE_TESTS_FILE: yaml_text(rule_tests_document(profile, dep)),
+    }
