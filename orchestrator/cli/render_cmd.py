@@ -1,0 +1,217 @@
+"""`dsv4ctl render` and `dsv4ctl diff`: the release tree a host would receive, and the review diff.
+
+Thin adapters over :mod:`orchestrator.render` and :mod:`orchestrator.render.diff`: load and resolve
+the inputs, call the library, print. Nothing here touches a host; jinja2 is imported inside the
+command bodies (through the renderer).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.errors import DsvError, ExitCode, InputError, Problem
+
+
+class _Side:
+    """One side of a render or diff: the profile, its deployment, its tree and (maybe) its plan."""
+
+    def __init__(self, text: str, label: str, profile_path: Path | None, inventory: Path | None,
+                 *, want_plan: bool) -> None:
+        from orchestrator.profile.loader import load_text
+        from orchestrator.profile.schema import Profile
+        from orchestrator.render import render_release
+        from orchestrator.render.resolve import load_inventory_for, resolve_profile
+
+        self.label = label
+        self.profile = load_text(Profile, text, label)
+        inv = load_inventory_for(profile_path, inventory)
+        self.deployment = resolve_profile(self.profile, inv)
+        self.tree = render_release(self.profile, self.deployment)
+        self.plan = _plan(text, label, profile_path, inventory) if want_plan else None
+
+
+def _plan(text: str, label: str, profile_path: Path | None, inventory: Path | None) -> Any:
+    """The planner's Plan for this profile text, or None while the planner's entry point is absent.
+
+    The planner reads a path; a profile from `git show` is written to a temporary file and its
+    inventory is passed explicitly (the temporary directory has none beside it).
+    """
+    try:
+        from orchestrator.planner.build import plan_from_paths  # type: ignore[import-not-found]
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("orchestrator.planner"):
+            return None
+        raise
+    from orchestrator.render.resolve import default_inventory_path
+
+    inv = inventory or default_inventory_path(profile_path)
+    if profile_path is not None and profile_path.is_file() and profile_path.read_text() == text:
+        return plan_from_paths(profile_path, inv)
+    with tempfile.TemporaryDirectory(prefix="dsv4ctl-diff-") as tmp:
+        path = Path(tmp) / (Path(label).name or "profile.yaml")
+        path.write_text(text, encoding="utf-8")
+        return plan_from_paths(path, inv)
+
+
+def _read(path: Path) -> str:
+    from orchestrator.profile.loader import read_file
+
+    return read_file(path)
+
+
+_inventory_opt = click.option(
+    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    envvar="DSV4CTL_INVENTORY", show_envvar=True,
+    help="Inventory file. Default: inventory.yaml beside the profile, then "
+         "./profiles/inventory.yaml.")
+
+
+@click.command()
+@click.argument("profile", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_inventory_opt
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Write the release tree into this directory.")
+@click.option("--stdout", "to_stdout", is_flag=True,
+              help="Print every file of the tree, one after another (for review and git textconv).")
+@click.option("--textconv", is_flag=True,
+              help="For git diff: print the profile followed by its rendered tree; a profile that "
+                   "does not render prints its error instead of failing the whole git diff.")
+def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, to_stdout: bool,
+           textconv: bool) -> int:
+    """Render the release tree a host would receive for PROFILE.
+
+    \b
+    Layout (relative to <install_root>/releases/<id>/):
+      units/dsv4-<name>-<role>.service   systemd units (router after the engines)
+      bin/launch-<role>.sh               launch scripts; every argument shell-quoted
+      env/<role>.env                     non-secret environment (CUDA_VISIBLE_DEVICES, ...)
+      monitoring/                        Prometheus scrape config (and rules, dashboards)
+      profile.yaml                       the resolved profile (every default written out)
+      manifest.json                      sha256, mode and restart roles of every file
+    Secrets never enter a release: units read <install_root>/secrets/<name>.env (0600).
+    Same profile, byte-identical files.
+    """
+    from orchestrator.paths import default_profile
+
+    if not (out_dir or to_stdout or textconv):
+        raise DsvError("nothing to do: give -o DIR, --stdout or --textconv",
+                       fix="dsv4ctl render profiles/x.yaml -o out/")
+    path = profile or default_profile()
+    text = _read(path)
+    if textconv:
+        click.echo(f"# ---- {path.name} (profile source) ----\n{text.rstrip()}\n")
+        try:
+            side = _Side(text, str(path), path, inventory, want_plan=False)
+        except DsvError as exc:
+            click.echo(f"# ---- rendering failed ----\n{exc.render()}")
+            return 0
+        click.echo("# ---- rendered release tree ----")
+        click.echo(side.tree.to_text(), nl=False)
+        return 0
+    side = _Side(text, str(path), path, inventory, want_plan=False)
+    if to_stdout:
+        click.echo(side.tree.to_text(), nl=False)
+    if out_dir is not None:
+        written = side.tree.write(out_dir)
+        restarts = sorted({r for f in side.tree.files.values() for r in f.roles})
+        click.echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
+                   f"(tree {side.tree.digest()}; roles {', '.join(restarts)})",
+                   err=to_stdout)
+    return 0
+
+
+def _git_show(rev: str, path: Path) -> tuple[str, str]:
+    """(text, label) of ``path`` at git revision ``rev``."""
+    folder = path.resolve().parent
+    try:
+        top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    except FileNotFoundError:
+        raise DsvError("git is not installed",
+                       fix="install git or use `dsv4ctl diff A B`") from None
+    except subprocess.CalledProcessError as exc:
+        raise DsvError(f"{path} is not inside a git repository: {exc.stderr.strip()}",
+                       fix="use `dsv4ctl diff OLD NEW` with two files") from None
+    rel = path.resolve().relative_to(Path(top).resolve()).as_posix()
+    res = subprocess.run(["git", "-C", top, "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise InputError(kind=f"{rev}:{rel}", problems=[Problem(
+            "", f"git cannot show {rel} at {rev}: {res.stderr.strip()}", file=f"{rev}:{rel}",
+            fix="check the revision (git log -- " + rel + ") and the path")])
+    return res.stdout, f"{rev}:{rel}"
+
+
+@click.command()
+@click.argument("profiles", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--git", "rev", metavar="REV", default=None,
+              help="Compare PROFILE as of git revision REV with the working copy.")
+@_inventory_opt
+@click.option("--context", "-U", "context", type=click.IntRange(0, 1000), default=3,
+              show_default=True, help="Lines of context in the file diffs.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show the diffs of every file, not only those that restart a role.")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown"]), default="text",
+              show_default=True, help="markdown suits a pull-request comment.")
+@click.option("--detailed-exitcode", is_flag=True,
+              help="Exit 2 when the two differ, 0 when they do not (1 on errors).")
+def diff(profiles: tuple[Path, ...], rev: str | None, inventory: Path | None, context: int,
+         verbose: bool, fmt: str, detailed_exitcode: bool) -> int:
+    """Review a profile change: fields, consequences, then the rendered files.
+
+    \b
+      dsv4ctl diff OLD.yaml NEW.yaml
+      dsv4ctl diff --git HEAD profiles/default.yaml     working copy against HEAD
+      dsv4ctl diff --git main profiles/x.yaml --format markdown > comment.md
+
+    Shows which fields changed, which roles restart (an engine restart reloads the model: minutes of
+    downtime), how weights, KV pool and KV capacity per GPU move and which checks appear or clear
+    (from the two plans), then unified diffs of the rendered files.
+    """
+    from orchestrator.render.diff import format_markdown, format_text, review
+
+    if rev is not None:
+        if len(profiles) != 1:
+            raise DsvError("--git REV takes exactly one PROFILE",
+                           fix="dsv4ctl diff --git HEAD profiles/default.yaml")
+        new_path = profiles[0]
+        old_text, old_label = _git_show(rev, new_path)
+        old_path_hint = new_path
+    else:
+        if len(profiles) != 2:
+            raise DsvError("give two profiles (OLD NEW), or --git REV PROFILE",
+                           fix="dsv4ctl diff profiles/default.yaml my.yaml")
+        old_path_hint, new_path = profiles
+        old_text, old_label = _read(old_path_hint), str(old_path_hint)
+    new_text = _read(new_path)
+    a = _Side(old_text, old_label, old_path_hint, inventory, want_plan=True)
+    b = _Side(new_text, str(new_path), new_path, inventory, want_plan=True)
+    order = [r.name for r in a.deployment.roles]
+    order += [r.name for r in b.deployment.roles if r.name not in order]
+    units = {r.name: r.unit for r in (*a.deployment.roles, *b.deployment.roles)}
+    roles_a = {r.name for r in a.deployment.roles}
+    roles_b = {r.name for r in b.deployment.roles}
+    for dep, names in ((a.deployment, roles_a), (b.deployment, roles_b)):
+        if dep.router is not None:
+            names.add("router")
+            units["router"] = dep.router.unit
+    if "router" in roles_a | roles_b:
+        order.append("router")
+    plans = (a.plan, b.plan) if a.plan is not None and b.plan is not None else None
+    d = review(a.profile, b.profile, a.tree, b.tree, role_order=order, units=units,
+               roles_a=roles_a, roles_b=roles_b, plans=plans, context=context)
+    fmt_fn = format_markdown if fmt == "markdown" else format_text
+    text = fmt_fn(d, verbose=verbose)
+    click.echo(text, nl=False)
+    if detailed_exitcode and d.has_changes:
+        return int(ExitCode.CHANGES)
+    return 0
+
+
+def register(group: click.Group) -> None:
+    group.add_command(render)
+    group.add_command(diff)

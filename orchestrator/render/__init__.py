@@ -1,0 +1,347 @@
+"""Render a profile into the release tree a host receives: units, launch scripts, env, configs.
+
+Owns the release tree's content (layout: ``units/<unit>``, ``bin/launch-<role>.sh``,
+``env/<role>.env``, ``monitoring/...``, ``profile.yaml``; ``manifest()`` hashes them). Why a
+library function: ``plan`` puts the tree into the Plan, ``apply`` uploads it, ``render``/``diff``
+show it, and all must see byte-identical files for the same inputs. Rendering is pure: no clock, no
+host, sorted output, every file ends with one newline.
+
+Every value is quoted for the context it lands in by :mod:`orchestrator.render.quoting` before a
+template sees it; templates only lay text out. Engine and router arguments come from
+:mod:`orchestrator.render.argv` as lists, so tests can run them through the real upstream parsers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from orchestrator.deployment import Deployment, RoleDeployment
+from orchestrator.errors import RenderError
+from orchestrator.profile.schema import ColocatedTopology, Profile
+from orchestrator.render.argv import (
+    engine_argv,
+    engine_program,
+    router_argv,
+    router_program,
+)
+from orchestrator.render.quoting import (
+    env_file_line,
+    exec_line,
+    sh_quote,
+    unit_path,
+    unit_value,
+)
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "ReleaseTree",
+    "RenderedFile",
+    "engine_argv",
+    "render_release",
+    "router_argv",
+]
+
+MANIFEST_FORMAT = 1
+MODE_FILE = 0o644
+MODE_SCRIPT = 0o755
+
+# Environment names dsv4ctl sets itself; a role's `env:` may not override them (the unit reads the
+# env file after its own settings, so a profile value would silently win over `gpus:`).
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "DSV4_KERNELS")
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    content: str
+    mode: int = MODE_FILE
+    roles: tuple[str, ...] = ()  # roles that must restart when this file changes
+    sensitive: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ReleaseTree:
+    deployment: str
+    files: dict[str, RenderedFile] = field(default_factory=dict)
+
+    def manifest(self) -> str:
+        """``manifest.json``: sha256, mode and restart roles of every file; deterministic."""
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "deployment": self.deployment,
+            "files": {
+                path: {
+                    "mode": f"{f.mode:04o}",
+                    "roles": list(f.roles),
+                    "sensitive": f.sensitive,
+                    "sha256": None if f.sensitive else f.sha256,
+                }
+                for path, f in sorted(self.files.items())
+            },
+        }
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+    def digest(self) -> str:
+        """A short content id of the whole tree (sha256 of the manifest)."""
+        return hashlib.sha256(self.manifest().encode()).hexdigest()[:16]
+
+    def all_files(self) -> dict[str, RenderedFile]:
+        """The files plus ``manifest.json``: what a release directory holds."""
+        out = dict(self.files)
+        out["manifest.json"] = RenderedFile(self.manifest(), MODE_FILE, ())
+        return dict(sorted(out.items()))
+
+    def write(self, root: Path) -> list[Path]:
+        """Write the tree under ``root`` with its modes; returns the paths written."""
+        written = []
+        for rel, f in self.all_files().items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f.content, encoding="utf-8")
+            os.chmod(tmp, f.mode)
+            os.replace(tmp, path)
+            written.append(path)
+        return written
+
+    def to_text(self) -> str:
+        """All files in one stream (for ``render --stdout`` and git textconv)."""
+        parts = []
+        for rel, f in self.all_files().items():
+            body = "(sensitive)\n" if f.sensitive else f.content
+            roles = ",".join(f.roles) or "-"
+            parts.append(f"==> {rel} (mode {f.mode:04o}, restarts {roles}) <==\n{body}")
+        return "\n".join(parts)
+
+
+def _env() -> object:
+    import jinja2
+
+    from orchestrator.paths import data_dir
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # not HTML: every value is quoted for its context before it gets here
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def _render(env: object, template: str, **ctx: object) -> str:
+    import jinja2
+
+    assert isinstance(env, jinja2.Environment)
+    try:
+        text = env.get_template(template).render(**ctx)
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template {template} failed: {exc}",
+                          fix="this is a dsv4ctl bug; report it with the profile") from None
+    return text.rstrip("\n") + "\n"
+
+
+def _header(dep: Deployment) -> str:
+    return (f"Generated by dsv4ctl from profile '{dep.name}' for {dep.engine_name} "
+            f"{dep.engine_version}; do not edit, `dsv4ctl render` rewrites it.")
+
+
+def _role_field(profile: Profile, role: str) -> str:
+    return f"topology.{role}"
+
+
+def _arg_lines(argv: list[str], field: str) -> str:
+    """Group argv into one line per option with its values; each word quoted for bash."""
+    lines: list[list[str]] = []
+    for word in argv:
+        if word.startswith("--") or not lines:
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return " \\\n  ".join(" ".join(sh_quote(w, field) for w in line) for line in lines)
+
+
+def _command(program: list[str], argv: list[str], field: str) -> str:
+    return " ".join(sh_quote(w, field) for w in program) + " \\\n  " + _arg_lines(argv, field)
+
+
+def _unit_order(dep: Deployment, after: list[str]) -> list[str]:
+    lines = []
+    if dep.scope == "system":
+        # network-online.target exists only in the system manager.
+        lines += ["Wants=network-online.target", "After=network-online.target"]
+    if after:
+        units = " ".join(unit_value(u, "unit") for u in after)
+        lines += [f"Wants={units}", f"After={units}"]
+    return lines
+
+
+def _common_unit(dep: Deployment, profile: Profile, role: str) -> dict[str, object]:
+    root = dep.install_root
+    return {
+        "header": _header(dep),
+        "working_directory": unit_path(root, "host.install_root"),
+        "log_file": unit_path(f"{root}/logs/{role}.log", "host.install_root"),
+        "exec_start": exec_line([f"{root}/current/bin/launch-{role}.sh"], "host.install_root"),
+        "wanted_by": "multi-user.target" if dep.scope == "system" else "default.target",
+    }
+
+
+def _description(dep: Deployment, what: str) -> str:
+    # Not profile.description: editing a comment must not change a unit, which would restart (and
+    # reload the model of) every role.
+    return unit_value(f"dsv4ctl {dep.name} {what}", "name")
+
+
+def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
+                  ) -> dict[str, RenderedFile]:
+    field = _role_field(profile, role.name)
+    argv = engine_argv(dep, role)
+    if not argv:
+        raise RenderError(f"{field}: empty engine command line")
+    names = {k for k, _ in role.env}
+    for reserved in RESERVED_ENV:
+        if reserved in names:
+            raise RenderError(
+                f"{field}.env.{reserved}: dsv4ctl sets {reserved} itself "
+                f"(from {'gpus' if reserved == 'CUDA_VISIBLE_DEVICES' else 'kernels.enabled'})",
+                fix=f"remove {reserved} from {field}.env")
+    env_lines = [env_file_line("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
+    if dep.kernels_enabled:
+        env_lines.append(env_file_line("DSV4_KERNELS", "1", "kernels.enabled"))
+    env_lines += [env_file_line(k, v, f"{field}.env.{k}") for k, v in role.env]
+
+    root = dep.install_root
+    secrets = f"{root}/secrets/{dep.name}.env"
+    what = (f"{role.name} engine" if role.disaggregation_mode else "engine")
+    unit = _render(
+        env, "engine.service.j2",
+        description=_description(dep, f"{what} (sglang {dep.engine_version}, GPUs "
+                                 f"{','.join(str(g) for g in role.gpus)})"),
+        unit_order=_unit_order(dep, []),
+        start_limit_interval_s=3 * (profile.health.startup_timeout_s + 60),
+        env_file=unit_path(f"{root}/current/env/{role.name}.env", "host.install_root"),
+        secrets_file=unit_path(secrets, "host.install_root"),
+        timeout_start_s=profile.health.startup_timeout_s,
+        **_common_unit(dep, profile, role.name),
+    )
+    launch = _render(
+        env, "launch.sh.j2",
+        header=_header(dep),
+        summary=f"{role.unit}: sglang serve, TP {role.tp}, GPUs {','.join(map(str, role.gpus))}",
+        command=_command(engine_program(dep), argv, field),
+    )
+    envfile = _render(env, "role.env.j2", header=_header(dep), unit=role.unit,
+                      secrets_file=secrets, lines=env_lines)
+    roles = (role.name,)
+    return {
+        f"units/{role.unit}": RenderedFile(unit, MODE_FILE, roles),
+        f"bin/launch-{role.name}.sh": RenderedFile(launch, MODE_SCRIPT, roles),
+        f"env/{role.name}.env": RenderedFile(envfile, MODE_FILE, roles),
+    }
+
+
+def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, RenderedFile]:
+    assert dep.router is not None
+    argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+    unit = _render(
+        env, "router.service.j2",
+        description=_description(dep, f"PD router (sglang-router {dep.router_version})"),
+        unit_order=_unit_order(dep, [r.unit for r in dep.roles]),
+        start_limit_interval_s=600,
+        timeout_start_s=300,
+        **_common_unit(dep, profile, "router"),
+    )
+    launch = _render(
+        env, "launch.sh.j2",
+        header=_header(dep),
+        summary=f"{dep.router.unit}: sglang-router {dep.router_version}, PD "
+                f"{len(dep.router.prefill)} prefill + {len(dep.router.decode)} decode",
+        command=_command(router_program(dep), argv, "topology.router"),
+    )
+    roles = ("router",)
+    return {
+        f"units/{dep.router.unit}": RenderedFile(unit, MODE_FILE, roles),
+        "bin/launch-router.sh": RenderedFile(launch, MODE_SCRIPT, roles),
+    }
+
+
+def _fallback_prometheus(env: object, profile: Profile, dep: Deployment) -> dict[str, str]:
+    jobs = [{"name": f"dsv4-{dep.name}-{r.name}", "role": r.name,
+             "target": f"127.0.0.1:{r.port}"} for r in dep.roles]
+    if dep.router is not None:
+        host = "127.0.0.1" if dep.router.host in ("0.0.0.0", "::") else dep.router.host
+        if ":" in host:
+            host = f"[{host}]"
+        jobs.append({"name": f"dsv4-{dep.name}-router", "role": "router",
+                     "target": f"{host}:{dep.router.prometheus_port}"})
+    text = _render(env, "prometheus.yml.j2", header=_header(dep), name=dep.name,
+                   interval=profile.monitoring.scrape_interval_s, jobs=jobs)
+    return {"monitoring/prometheus.yml": text}
+
+
+def _monitoring_files(env: object, profile: Profile, dep: Deployment) -> dict[str, str]:
+    if not profile.monitoring.enabled:
+        return {}
+    try:
+        monitoring = importlib.import_module("orchestrator.monitoring")
+    except ModuleNotFoundError as exc:
+        if exc.name != "orchestrator.monitoring":
+            raise
+        monitoring = None
+    if monitoring is not None and hasattr(monitoring, "release_files"):
+        return dict(monitoring.release_files(profile, dep))
+    return _fallback_prometheus(env, profile, dep)
+
+
+def resolved_profile_yaml(profile: Profile, dep: Deployment) -> str:
+    """The profile with every default written out (ports, index_topk, context length): applyable
+    as is, and what a reviewer reads to know exactly what a release ran."""
+    data = profile.model_dump(mode="json", by_alias=True)
+    data["attention"]["index_topk"] = dep.index_topk
+    data["attention"]["context_length"] = dep.context_length
+    topo = data["topology"]
+    for role in dep.roles:
+        r = topo["engine"] if isinstance(profile.topology, ColocatedTopology) else topo[role.name]
+        r["port"] = role.port
+        r["nccl_port"] = role.nccl_port
+        r["engine_info_bootstrap_port"] = role.engine_info_bootstrap_port
+        if role.bootstrap_port is not None:
+            r["bootstrap_port"] = role.bootstrap_port
+    Profile.model_validate(data)  # the record must itself be a valid profile
+    head = (f"# {_header(dep)}\n# The resolved profile of this release: every default written out; "
+            "`dsv4ctl apply` accepts it as is.\n")
+    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False,
+                                 allow_unicode=True, width=100)
+
+
+def render_release(profile: Profile, deployment: Deployment, *,
+                   extra_files: dict[str, str] | None = None) -> ReleaseTree:
+    """Render the release tree of ``deployment`` (resolved from ``profile``)."""
+    if profile.name != deployment.name:
+        raise RenderError(f"profile {profile.name!r} and deployment {deployment.name!r} differ",
+                          fix="resolve the deployment from this profile")
+    env = _env()
+    files: dict[str, RenderedFile] = {}
+    for role in deployment.roles:
+        files.update(_engine_files(env, profile, deployment, role))
+    if deployment.router is not None:
+        files.update(_router_files(env, profile, deployment))
+    for rel, text in _monitoring_files(env, profile, deployment).items():
+        files[rel] = RenderedFile(text if text.endswith("\n") else text + "\n", MODE_FILE, ())
+    files["profile.yaml"] = RenderedFile(resolved_profile_yaml(profile, deployment), MODE_FILE, ())
+    for rel, text in sorted((extra_files or {}).items()):
+        if rel in files or rel == "manifest.json" or rel.startswith("/") or ".." in rel.split("/"):
+            raise RenderError(f"extra file {rel!r} would overwrite or escape the release tree")
+        files[rel] = RenderedFile(text if text.endswith("\n") else text + "\n", MODE_FILE, ())
+    return ReleaseTree(deployment.name, dict(sorted(files.items())))

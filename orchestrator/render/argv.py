@@ -1,0 +1,165 @@
+"""The engine and router command lines, as argv lists, for SGLang 0.5.23 and sglang-router 0.3.2.
+
+Owns the mapping from a resolved :class:`~orchestrator.deployment.Deployment` to the exact
+arguments the host runs. The launch scripts only quote these lists; keeping them as data lets the
+tests feed the very same list to the real upstream parsers (``tests/parsers``) and compare it with
+what a fake ``sglang`` on PATH received.
+
+Flag names are the full names of 0.5.23 (its parsers keep ``allow_abbrev=True``, so ``--tp 8``
+would start today and break when a new ``--tp-...`` flag lands). Sources:
+``sglang/srt/arg_groups/fields/*.py`` of the installed 0.5.23 wheel and
+``sglang_router/router_args.py`` of 0.3.2 (research digest: ../shared/research/sglang.md §2, §3,
+§7).
+
+Decisions worth knowing:
+
+- ``--json-model-override-args '{"index_topk": N}'`` is always rendered, even when N equals the
+  model's default: the value the engine runs with is then visible in the launch line, in
+  ``/server_info`` and in every diff, and does not depend on a checkpoint ``config.json`` we cannot
+  see at render time (repackaged checkpoints may carry their own value).
+- Sampling defaults: ``--preferred-sampling-params`` (JSON) is the 0.5.23 flag whose values fill in
+  what a request omits (``TokenizerManager._create_tokenized_object``: ``{**preferred,
+  **request}``). The OpenAI endpoints resolve omitted values earlier, from the checkpoint's
+  ``generation_config.json`` when ``--sampling-defaults model`` (``ChatCompletionRequest.
+  to_sampling_params``), so ``--sampling-defaults model`` is rendered explicitly as well.
+- ``--revision`` is not rendered: ``model.path`` is a local directory, the revision is what the
+  download step fetches into it.
+- ``model.expert_storage`` has no 0.5.23 flag; it is a planner input (memory), not an engine flag.
+"""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.deployment import Deployment, RoleDeployment
+from orchestrator.errors import RenderError
+
+ENGINE_HOST = "127.0.0.1"  # engines listen on loopback; clients reach the router (PD) or a proxy
+
+_SPEC_ALGORITHMS = {"eagle": "EAGLE", "dspark": "DSPARK"}
+
+
+def _num(value: float) -> str:
+    """A float as the shortest text that round-trips (0.85, not 0.8500000000000001)."""
+    return repr(float(value))
+
+
+def engine_program(dep: Deployment) -> list[str]:
+    """What precedes :func:`engine_argv`: ``<engine env>/bin/sglang serve``."""
+    return [f"{dep.engine_env}/bin/sglang", "serve"]
+
+
+def engine_argv(dep: Deployment, role: RoleDeployment) -> list[str]:
+    """The arguments after ``sglang serve`` for one engine role."""
+    if dep.engine_name != "sglang":
+        raise RenderError(f"engine.name = {dep.engine_name!r}: only sglang can be rendered",
+                          fix="set engine.name: sglang")
+    a: list[str] = [
+        "--model-path", dep.model_path,
+        "--served-model-name", dep.served_name,
+        "--trust-remote-code",
+        "--host", ENGINE_HOST,
+        "--port", str(role.port),
+        "--tp-size", str(role.tp),
+    ]
+    if role.ep > 1:
+        a += ["--ep-size", str(role.ep)]
+    if role.attn_dp > 1:
+        a += ["--attn-dp-size", str(role.attn_dp)]
+    if dep.moe_runner_backend != "auto":
+        a += ["--moe-runner-backend", dep.moe_runner_backend]
+    a += [
+        "--kv-cache-dtype", dep.kv_cache_dtype,
+        "--json-model-override-args", json.dumps({"index_topk": dep.index_topk}, sort_keys=True),
+        "--context-length", str(int(dep.context_length)),
+    ]
+    if dep.fp4_indexer:
+        a.append("--enable-deepseek-v4-fp4-indexer")
+    if role.mem_fraction_static is not None:
+        a += ["--mem-fraction-static", _num(role.mem_fraction_static)]
+    if role.max_running_requests is not None:
+        a += ["--max-running-requests", str(role.max_running_requests)]
+    if role.chunked_prefill_size is not None:
+        a += ["--chunked-prefill-size", str(role.chunked_prefill_size)]
+    if role.cuda_graph_max_bs is not None:
+        a += ["--cuda-graph-max-bs-decode", str(role.cuda_graph_max_bs)]
+    a += [
+        "--reasoning-parser", "deepseek-v4",
+        "--tool-call-parser", "deepseekv4",
+        "--enable-metrics",
+    ]
+    if dep.enable_cache_report:
+        a.append("--enable-cache-report")
+    a += [
+        "--watchdog-timeout", str(dep.watchdog_timeout_s),
+        "--nccl-port", str(role.nccl_port),
+        "--engine-info-bootstrap-port", str(role.engine_info_bootstrap_port),
+    ]
+    if role.disaggregation_mode is not None:
+        if dep.transfer_backend is None:
+            raise RenderError(f"role {role.name}: PD mode without a transfer backend",
+                              fix="set topology.transfer_backend")
+        a += [
+            "--disaggregation-mode", role.disaggregation_mode,
+            "--disaggregation-transfer-backend", dep.transfer_backend,
+        ]
+        if role.bootstrap_port is not None:
+            a += ["--disaggregation-bootstrap-port", str(role.bootstrap_port)]
+    if dep.speculative_algorithm != "none":
+        try:
+            algo = _SPEC_ALGORITHMS[dep.speculative_algorithm]
+        except KeyError:
+            raise RenderError(
+                f"speculative.algorithm = {dep.speculative_algorithm!r} cannot be rendered",
+                fix=f"use one of: none, {', '.join(sorted(_SPEC_ALGORITHMS))}") from None
+        a += ["--speculative-algorithm", algo]
+        if algo == "EAGLE":
+            # DeepSeek-V4 accepts EAGLE (the MTP head in the checkpoint) only with top-k 1
+            # (sglang 0.5.23 arg_groups/model_overrides/deepseek_v4.py).
+            a += ["--speculative-eagle-topk", "1"]
+        if dep.speculative_num_steps is not None:
+            a += ["--speculative-num-steps", str(dep.speculative_num_steps)]
+        if dep.speculative_num_draft_tokens is not None:
+            a += ["--speculative-num-draft-tokens", str(dep.speculative_num_draft_tokens)]
+        if algo == "DSPARK" and dep.speculative_dspark_block_size is not None:
+            a += ["--speculative-dspark-block-size", str(dep.speculative_dspark_block_size)]
+    a += [
+        "--sampling-defaults", "model",
+        "--preferred-sampling-params",
+        json.dumps({"temperature": dep.temperature, "top_p": dep.top_p}, sort_keys=True),
+    ]
+    a += list(role.extra_args)
+    return a
+
+
+def router_program(dep: Deployment) -> list[str]:
+    """What precedes :func:`router_argv`: the engine env's python running the router module."""
+    return [f"{dep.engine_env}/bin/python", "-m", "sglang_router.launch_router"]
+
+
+def router_argv(dep: Deployment, *, worker_startup_timeout_s: int | None = None) -> list[str]:
+    """Arguments of ``python -m sglang_router.launch_router`` for a PD deployment.
+
+    ``--prefill URL BOOTSTRAP_PORT`` always carries the port: omitted, router 0.3.2 takes it as
+    "none" (no bootstrap) and PD transfers never start (sglang.md §3).
+    ``worker_startup_timeout_s`` (from ``health.startup_timeout_s``) lets the router wait as long
+    for its workers as the engines may take to load the model.
+    """
+    r = dep.router
+    if r is None:
+        raise RenderError(f"deployment {dep.name!r} has no router (not a PD topology)")
+    a = ["--pd-disaggregation"]
+    for url, port in r.prefill:
+        a += ["--prefill", url, str(port)]
+    for url in r.decode:
+        a += ["--decode", url]
+    a += [
+        "--host", r.host,
+        "--port", str(r.port),
+        "--prometheus-host", r.host,
+        "--prometheus-port", str(r.prometheus_port),
+        "--policy", r.policy,
+    ]
+    if worker_startup_timeout_s is not None:
+        a += ["--worker-startup-timeout-secs", str(worker_startup_timeout_s)]
+    return a

@@ -1,0 +1,308 @@
+"""The review diff of two profiles: what changed, what it does to the service, then the files.
+
+Owns ``dsv4ctl diff``'s content (the CLI only loads inputs and prints). Why not a text diff of the
+YAML: a reviewer needs the consequences (which roles restart, and that an engine restart reloads
+the model, i.e. minutes of downtime; how per-GPU memory and KV capacity move; which checks appear
+or clear), and a profile line like ``index_topk: 1024`` hides the launch-line change it causes. The
+order is summary first, details after (helm-diff / Terraform habit), concise by default.
+
+Capacity and checks come from two Plans (:class:`orchestrator.planner_model.Plan`) when the caller
+has them; restarts come from the rendered trees (a role restarts when a file it reads changes), so
+they are right even without a plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.planner_model import Plan
+from orchestrator.profile.schema import Profile
+from orchestrator.render import ReleaseTree
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    path: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    kind: str  # added | removed | changed | mode
+    roles: tuple[str, ...]
+    diff: str  # unified diff text ("" for sensitive files)
+
+
+@dataclass
+class ReviewDiff:
+    fields: list[FieldChange]
+    files: list[FileChange]
+    restarts: list[str]  # roles, in deployment order
+    started: list[str]  # roles only in B
+    stopped: list[str]  # roles only in A
+    units: dict[str, str]  # role -> unit name (B's, else A's)
+    capacity: list[str] = field(default_factory=list)  # human lines, from plans
+    checks_added: list[str] = field(default_factory=list)
+    checks_cleared: list[str] = field(default_factory=list)
+    plans_compared: bool = False
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.fields or self.files)
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for k in value:
+            _flatten(value[k], f"{prefix}.{k}" if prefix else str(k), out)
+    else:
+        out[prefix] = value
+
+
+def profile_changes(a: Profile, b: Profile) -> list[FieldChange]:
+    """Changed fields (defaults included), as dotted paths, in schema order."""
+    fa: dict[str, Any] = {}
+    fb: dict[str, Any] = {}
+    _flatten(a.model_dump(mode="json", by_alias=True), "", fa)
+    _flatten(b.model_dump(mode="json", by_alias=True), "", fb)
+    keys = list(fa) + [k for k in fb if k not in fa]
+    out = []
+    for k in keys:
+        old, new = fa.get(k, _MISSING), fb.get(k, _MISSING)
+        if old != new:
+            out.append(FieldChange(k, old, new))
+    return out
+
+
+def _unified(path: str, old: str, new: str, context: int) -> str:
+    return "".join(difflib.unified_diff(
+        old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}", n=context))
+
+
+def file_changes(a: ReleaseTree, b: ReleaseTree, *, context: int = 3) -> list[FileChange]:
+    fa, fb = a.files, b.files
+    out = []
+    for path in sorted(set(fa) | set(fb)):
+        old, new = fa.get(path), fb.get(path)
+        if old is not None and new is not None and (old.content, old.mode) == (
+                new.content, new.mode):
+            continue
+        roles = tuple(sorted(set(old.roles if old else ()) | set(new.roles if new else ())))
+        sensitive = bool((old and old.sensitive) or (new and new.sensitive))
+        if old is None:
+            kind = "added"
+        elif new is None:
+            kind = "removed"
+        elif old.content == new.content:
+            kind = "mode"
+        else:
+            kind = "changed"
+        text = "" if sensitive else _unified(path, old.content if old else "",
+                                             new.content if new else "", context)
+        if kind == "mode" and old and new:
+            text = f"mode {old.mode:04o} -> {new.mode:04o}\n"
+        out.append(FileChange(path, kind, roles, text))
+    return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _delta_gib(old: float, new: float) -> str:
+    d = (new - old) / 2**30
+    return f"{_gib(old)} -> {_gib(new)} ({d:+.1f} GiB)"
+
+
+def _plan_lines(pa: Plan, pb: Plan) -> tuple[list[str], list[str], list[str]]:
+    cap: list[str] = []
+    ga = {g.index: g for g in pa.gpus}
+    gb = {g.index: g for g in pb.gpus}
+    for i in sorted(set(ga) | set(gb)):
+        x, y = ga.get(i), gb.get(i)
+        if x is None or y is None:
+            cap.append(f"GPU {i}: {'now used' if x is None else 'no longer used'}"
+                       f" ({(y or x).role or 'idle'})")  # type: ignore[union-attr]
+            continue
+        parts = []
+        for name, attr in (("weights", "weights_bytes"), ("KV", "kv_bytes"),
+                           ("headroom", "headroom_bytes")):
+            o, n = getattr(x, attr), getattr(y, attr)
+            if o != n:
+                parts.append(f"{name} {_delta_gib(o, n)}")
+        if x.role != y.role:
+            parts.insert(0, f"role {x.role or 'idle'} -> {y.role or 'idle'}")
+        if parts:
+            cap.append(f"GPU {i} ({y.role or 'idle'}): " + ", ".join(parts))
+    ra = {r.role: r for r in pa.capacity}
+    rb = {r.role: r for r in pb.capacity}
+    for role in [r.role for r in pb.capacity] + [r for r in ra if r not in rb]:
+        x, y = ra.get(role), rb.get(role)
+        if x is None or y is None:
+            continue
+        parts = []
+        if x.token_capacity != y.token_capacity:
+            parts.append(f"KV capacity {x.token_capacity:,} -> {y.token_capacity:,} tokens "
+                         f"({y.token_capacity - x.token_capacity:+,})")
+        if x.weights_per_rank_bytes != y.weights_per_rank_bytes:
+            w = _delta_gib(x.weights_per_rank_bytes, y.weights_per_rank_bytes)
+            parts.append(f"weights per GPU {w}")
+        if x.kv_pool_bytes_per_rank != y.kv_pool_bytes_per_rank:
+            kv = _delta_gib(x.kv_pool_bytes_per_rank, y.kv_pool_bytes_per_rank)
+            parts.append(f"KV pool per GPU {kv}")
+        if parts:
+            cap.append(f"{role}: " + ", ".join(parts))
+
+    def key(c: Any) -> tuple[str, str]:
+        return (c.id, c.subject or "")
+
+    def show(c: Any) -> str:
+        subj = f" [{c.subject}]" if c.subject else ""
+        ack = " (acknowledged)" if c.acknowledged else ""
+        return f"{c.severity} {c.id}{subj}: {c.title}{ack}"
+
+    ca = {key(c): c for c in pa.checks}
+    cb = {key(c): c for c in pb.checks}
+    added = [show(c) for k, c in cb.items() if k not in ca or ca[k].severity != c.severity]
+    cleared = [show(c) for k, c in ca.items() if k not in cb or cb[k].severity != c.severity]
+    return cap, added, cleared
+
+
+def review(a: Profile, b: Profile, tree_a: ReleaseTree, tree_b: ReleaseTree, *,
+           role_order: list[str], units: dict[str, str], roles_a: set[str], roles_b: set[str],
+           plans: tuple[Plan, Plan] | None = None, context: int = 3) -> ReviewDiff:
+    files = file_changes(tree_a, tree_b, context=context)
+    touched = {r for f in files for r in f.roles}
+    restarts = [r for r in role_order if r in touched and r in roles_a and r in roles_b]
+    d = ReviewDiff(
+        fields=profile_changes(a, b),
+        files=files,
+        restarts=restarts,
+        started=[r for r in role_order if r in roles_b and r not in roles_a],
+        stopped=[r for r in role_order if r in roles_a and r not in roles_b],
+        units=units,
+    )
+    if plans is not None:
+        d.capacity, d.checks_added, d.checks_cleared = _plan_lines(*plans)
+        d.plans_compared = True
+    return d
+
+
+def _show(v: Any) -> str:
+    if v is _MISSING:
+        return "(absent)"
+    return json.dumps(v, sort_keys=True)
+
+
+def _consequences(d: ReviewDiff) -> list[str]:
+    lines = []
+    engines = [r for r in d.restarts if r != "router"]
+    for r in d.restarts:
+        unit = d.units.get(r, r)
+        if r == "router":
+            lines.append(f"~> restart router ({unit}): clients see refused connections for seconds")
+        else:
+            lines.append(f"~> restart {r} ({unit}): the model reloads; this role serves nothing "
+                         "for minutes (downtime)")
+    for r in d.started:
+        lines.append(f"+ start {r} ({d.units.get(r, r)})")
+    for r in d.stopped:
+        lines.append(f"- stop {r} ({d.units.get(r, r)})")
+    if engines or d.started or d.stopped:
+        lines.append("downtime: requests fail until every restarted engine is ready again")
+    elif not d.restarts and d.files:
+        lines.append("no restart: only files no running process reads changed")
+    return lines
+
+
+def format_text(d: ReviewDiff, *, verbose: bool = False) -> str:
+    if not d.has_changes:
+        return "No differences.\n"
+    out: list[str] = []
+    restart_files = [f for f in d.files if f.roles]
+    out.append(f"Diff: {len(d.fields)} field(s) changed, {len(d.files)} file(s) differ, "
+               f"{len(d.restarts)} role(s) restart.")
+    out.append("")
+    out.append("Profile changes:")
+    out += [f"  {c.path}: {_show(c.old)} -> {_show(c.new)}" for c in d.fields] or ["  (none)"]
+    out.append("")
+    out.append("Consequences:")
+    out += [f"  {line}" for line in _consequences(d)] or ["  none"]
+    if d.plans_compared:
+        out.append("")
+        out.append("Capacity:")
+        out += [f"  {line}" for line in d.capacity] or ["  unchanged"]
+        out.append("Checks:")
+        out += [f"  + {c}" for c in d.checks_added] + [f"  - {c}" for c in d.checks_cleared] \
+            or ["  unchanged"]
+    else:
+        out.append("")
+        out.append("Capacity and checks: not compared (no plans)")
+    out.append("")
+    out.append("Files:")
+    for f in d.files:
+        roles = f" (restarts {', '.join(f.roles)})" if f.roles else ""
+        out.append(f"  {f.kind:8} {f.path}{roles}")
+    shown = d.files if verbose else restart_files
+    for f in shown:
+        if f.diff:
+            out.append("")
+            out.append(f.diff.rstrip("\n"))
+    hidden = len([f for f in d.files if f.diff]) - len([f for f in shown if f.diff])
+    if hidden:
+        out.append("")
+        out.append(f"({hidden} diff(s) of files that restart nothing hidden; -v shows them)")
+    return "\n".join(out) + "\n"
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)
+
+
+def _md_code(text: str) -> str:
+    """Inline code in a table cell: a fence longer than any backtick run, pipes escaped."""
+    text = text.replace("|", "\\|").replace("\n", " ")
+    fence = "`" * (_longest_backticks(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def format_markdown(d: ReviewDiff, *, verbose: bool = False) -> str:
+    if not d.has_changes:
+        return "**dsv4ctl diff:** no differences.\n"
+    out: list[str] = ["### dsv4ctl diff", ""]
+    out.append(f"**{len(d.fields)}** field(s) changed, **{len(d.files)}** file(s) differ, "
+               f"**{len(d.restarts)}** role(s) restart.")
+    out += ["", "#### Profile changes", "", "| field | old | new |", "|---|---|---|"]
+    for c in d.fields:
+        out.append(f"| {_md_code(c.path)} | {_md_code(_show(c.old))} | {_md_code(_show(c.new))} |")
+    out += ["", "#### Consequences", ""]
+    out += [f"- {line}" for line in _consequences(d)] or ["- none"]
+    if d.plans_compared:
+        out += ["", "#### Capacity", ""]
+        out += [f"- {line}" for line in d.capacity] or ["- unchanged"]
+        out += ["", "#### Checks", ""]
+        out += [f"- added: {c}" for c in d.checks_added]
+        out += [f"- cleared: {c}" for c in d.checks_cleared]
+        if not (d.checks_added or d.checks_cleared):
+            out.append("- unchanged")
+    out += ["", "#### Files", ""]
+    shown = d.files if verbose else [f for f in d.files if f.roles]
+    for f in d.files:
+        roles = f" (restarts {', '.join(f.roles)})" if f.roles else ""
+        out.append(f"- {f.kind} `{f.path}`{roles}")
+    for f in shown:
+        if f.diff:
+            fence = "`" * max(3, _longest_backticks(f.diff) + 1)
+            out += ["", f"<details><summary>{html.escape(f.path)}</summary>", "", fence + "diff",
+                    f.diff.rstrip("\n"), fence, "", "</details>"]
+    return "\n".join(out) + "\n"
