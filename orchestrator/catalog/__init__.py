@@ -39,6 +39,7 @@ from orchestrator.catalog.errors import (
     UnsupportedLayout,
 )
 from orchestrator.catalog.models import (
+    ArchConfig,
     Architecture,
     DSparkInfo,
     EngineRules,
@@ -53,6 +54,7 @@ from orchestrator.catalog.models import (
 )
 
 __all__ = [
+    "ArchConfig",
     "Architecture",
     "Catalog",
     "CatalogDataError",
@@ -125,6 +127,10 @@ class Catalog(BaseModel):
             if a.id == arch_id:
                 return a
         raise UnknownCatalogEntry("architecture", arch_id, [a.id for a in self.architectures])
+
+    def config_of(self, model: ModelVariant | str) -> ArchConfig:
+        """The architecture config (layers, heads, index_topk, max positions, ...) of a variant."""
+        return self.architecture(self._variant(model).architecture).config
 
     def quant(self, format_id: str) -> QuantFormat:
         for f in self.formats:

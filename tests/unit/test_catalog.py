@@ -213,6 +213,20 @@ def test_loading_is_fast_and_imports_nothing_heavy():
 # ---------------------------------------------------------------- architecture and parameters
 
 
+def test_config_of_variant(cat):
+    cfg = cat.config_of("dsv4-flash-nvfp4")
+    assert cfg.index_topk.value == 512 and cfg.num_attention_heads.value == 64
+    assert cat.config_of(cat.model("dsv4-flash-mxfp4")) is cfg
+
+
+def test_describe_lists_every_entry(cat):
+    assert len(cat.describe("models")) == len(cat.variants)
+    assert any("97887 MiB" in line for line in cat.describe("gpus"))
+    assert cat.describe("engines") == ["sglang==0.5.23 (engine)", "sglang-router==0.3.2 (router)"]
+    with pytest.raises(UnknownCatalogEntry):
+        cat.describe("kernels")
+
+
 def test_compress_ratio_schedule(cat):
     cfg = cat.architecture("dsv4-flash").config
     assert cfg.compress_ratios.value == [0, 0, 4] + [128, 4] * 20
