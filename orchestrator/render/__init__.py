@@ -14,7 +14,6 @@ template sees it; templates only lay text out. Engine and router arguments come 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -276,32 +275,12 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
     }
 
 
-def _fallback_prometheus(env: object, profile: Profile, dep: Deployment) -> dict[str, str]:
-    jobs = [{"name": f"dsv4-{dep.name}-{r.name}", "role": r.name,
-             "target": f"127.0.0.1:{r.port}"} for r in dep.roles]
-    if dep.router is not None:
-        host = "127.0.0.1" if dep.router.host in ("0.0.0.0", "::") else dep.router.host
-        if ":" in host:
-            host = f"[{host}]"
-        jobs.append({"name": f"dsv4-{dep.name}-router", "role": "router",
-                     "target": f"{host}:{dep.router.prometheus_port}"})
-    text = _render(env, "prometheus.yml.j2", header=_header(dep), name=dep.name,
-                   interval=profile.monitoring.scrape_interval_s, jobs=jobs)
-    return {"monitoring/prometheus.yml": text}
+def _monitoring_files(profile: Profile, dep: Deployment) -> dict[str, str]:
+    """Scrape config, rules, rule tests and dashboard, from the observability module (paths there
+    are relative to ``monitoring/``); empty when monitoring is disabled."""
+    from orchestrator.monitoring import release_files
 
-
-def _monitoring_files(env: object, profile: Profile, dep: Deployment) -> dict[str, str]:
-    if not profile.monitoring.enabled:
-        return {}
-    try:
-        monitoring = importlib.import_module("orchestrator.monitoring")
-    except ModuleNotFoundError as exc:
-        if exc.name != "orchestrator.monitoring":
-            raise
-        monitoring = None
-    if monitoring is not None and hasattr(monitoring, "release_files"):
-        return dict(monitoring.release_files(profile, dep))
-    return _fallback_prometheus(env, profile, dep)
+    return {f"monitoring/{rel}": text for rel, text in release_files(profile, dep).items()}
 
 
 def resolved_profile_yaml(profile: Profile, dep: Deployment) -> str:
@@ -337,7 +316,7 @@ def render_release(profile: Profile, deployment: Deployment, *,
         files.update(_engine_files(env, profile, deployment, role))
     if deployment.router is not None:
         files.update(_router_files(env, profile, deployment))
-    for rel, text in _monitoring_files(env, profile, deployment).items():
+    for rel, text in _monitoring_files(profile, deployment).items():
         files[rel] = RenderedFile(text if text.endswith("\n") else text + "\n", MODE_FILE, ())
     files["profile.yaml"] = RenderedFile(resolved_profile_yaml(profile, deployment), MODE_FILE, ())
     for rel, text in sorted((extra_files or {}).items()):

@@ -1,0 +1,146 @@
+"""The release tree: layout, modes, restart roles, determinism, manifest, resolved profile."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.errors import RenderError
+from orchestrator.profile.loader import load_text
+from orchestrator.profile.schema import Profile
+from orchestrator.render import render_release
+from orchestrator.render.resolve import resolve_profile
+from tests.validate.helpers import INVENTORY, PROFILES, render_path, render_text, shipped_profiles
+
+
+@pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
+def test_layout_modes_and_roles(path: Path) -> None:
+    _, dep, tree = render_path(path)
+    files = tree.files
+    assert list(files) == sorted(files)
+    for role in dep.roles:
+        for rel in (f"units/{role.unit}", f"bin/launch-{role.name}.sh", f"env/{role.name}.env"):
+            assert files[rel].roles == (role.name,), rel
+        assert files[f"bin/launch-{role.name}.sh"].mode == 0o755
+        assert files[f"units/{role.unit}"].mode == 0o644
+    if dep.router is not None:
+        assert files[f"units/{dep.router.unit}"].roles == ("router",)
+        assert files["bin/launch-router.sh"].roles == ("router",)
+    for rel in files:
+        if rel.startswith("monitoring/") or rel == "profile.yaml":
+            assert files[rel].roles == (), rel
+    for rel, f in files.items():
+        assert f.content.endswith("\n") and not f.content.endswith("\n\n"), rel
+        assert not f.sensitive, rel  # secrets never enter a release
+    assert "manifest.json" not in files and "manifest.json" in tree.all_files()
+
+
+@pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
+def test_deterministic(path: Path) -> None:
+    a = render_path(path)[2]
+    b = render_path(path)[2]
+    assert a.all_files() == b.all_files()
+    assert a.digest() == b.digest()
+
+
+def test_manifest_hashes_every_file() -> None:
+    _, _, tree = render_path(PROFILES / "default.yaml")
+    doc = json.loads(tree.manifest())
+    assert doc["format"] == 1 and doc["deployment"] == "default"
+    assert set(doc["files"]) == set(tree.files)
+    for rel, entry in doc["files"].items():
+        assert entry["sha256"] == hashlib.sha256(tree.files[rel].content.encode()).hexdigest()
+        assert int(entry["mode"], 8) == tree.files[rel].mode
+
+
+def test_write_sets_modes(tmp_path: Path) -> None:
+    _, _, tree = render_path(PROFILES / "default.yaml")
+    tree.write(tmp_path)
+    for rel, f in tree.all_files().items():
+        p = tmp_path / rel
+        assert p.read_text() == f.content
+        assert stat.S_IMODE(os.stat(p).st_mode) == f.mode, rel
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
+def test_resolved_profile_is_a_fixpoint(path: Path) -> None:
+    """profile.yaml is itself applyable, and rendering it gives the very same tree."""
+    _, dep, tree = render_path(path)
+    resolved = load_text(Profile, tree.files["profile.yaml"].content, "profile.yaml")
+    assert resolved.attention.index_topk == dep.index_topk
+    again = render_release(resolved, resolve_profile(resolved, _inventory()))
+    assert again.all_files() == tree.all_files()
+
+
+def _inventory():  # type: ignore[no-untyped-def]
+    from orchestrator.profile.loader import load_inventory
+
+    return load_inventory(INVENTORY)
+
+
+def test_unit_wiring_pd() -> None:
+    _, _, tree = render_path(PROFILES / "default.yaml")
+    router = tree.files["units/dsv4-default-router.service"].content
+    assert "After=dsv4-default-prefill.service dsv4-default-decode.service" in router
+    assert "Wants=dsv4-default-prefill.service dsv4-default-decode.service" in router
+    dec = tree.files["units/dsv4-default-decode.service"].content
+    for line in ("Restart=on-failure", "TimeoutStartSec=1800", "LimitNOFILE=1048576",
+                 "EnvironmentFile=/srv/dsv4/current/env/decode.env",
+                 "EnvironmentFile=-/srv/dsv4/secrets/default.env",
+                 "ExecStart=/srv/dsv4/current/bin/launch-decode.sh",
+                 "StandardOutput=append:/srv/dsv4/logs/decode.log",
+                 "WantedBy=multi-user.target"):
+        assert line in dec.splitlines(), line
+    assert "secrets" not in router  # the router needs no secret
+    env = tree.files["env/decode.env"].content
+    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in env and 'DSV4_KERNELS="1"' in env
+
+
+def test_user_scope_and_kernels_off() -> None:
+    _, _, tree = render_path(PROFILES / "default.yaml", scope="user")
+    unit = tree.files["units/dsv4-default-decode.service"].content
+    assert "WantedBy=default.target" in unit and "network-online" not in unit
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["kernels"] = {"enabled": False}
+    _, _, tree = render_text(yaml.safe_dump(data))
+    assert "DSV4_KERNELS" not in tree.files["env/decode.env"].content
+
+
+def test_role_env_cannot_override_gpus() -> None:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["topology"]["decode"]["env"] = {"CUDA_VISIBLE_DEVICES": "0"}
+    with pytest.raises(RenderError, match=r"topology\.decode\.env\.CUDA_VISIBLE_DEVICES"):
+        render_text(yaml.safe_dump(data))
+
+
+def test_role_env_is_rendered_sorted() -> None:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["topology"]["decode"]["env"] = {"ZZ": "1", "NCCL_DEBUG": "INFO"}
+    _, _, tree = render_text(yaml.safe_dump(data))
+    lines = tree.files["env/decode.env"].content.splitlines()
+    assert lines.index('NCCL_DEBUG="INFO"') < lines.index('ZZ="1"')
+
+
+def test_description_edit_restarts_nothing() -> None:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    a = render_text(yaml.safe_dump(data))[2]
+    data["description"] = "another comment"
+    b = render_text(yaml.safe_dump(data))[2]
+    changed = [rel for rel in a.files if a.files[rel] != b.files[rel]]
+    assert changed == ["profile.yaml"]
+
+
+def test_extra_files_cannot_overwrite_or_escape() -> None:
+    profile, dep, _ = render_path(PROFILES / "default.yaml")
+    tree = render_release(profile, dep, extra_files={"plan.json": "{}"})
+    assert tree.files["plan.json"].content == "{}\n" and tree.files["plan.json"].roles == ()
+    for bad in ("profile.yaml", "manifest.json", "../x", "/etc/x"):
+        with pytest.raises(RenderError):
+            render_release(profile, dep, extra_files={bad: "x"})
