@@ -1,0 +1,237 @@
+"""`dsv4ctl probe recall|load|chat`: measure a live endpoint the way its users feel it.
+
+Thin adapters over :mod:`orchestrator.probes`: parse options, run the probe, print a table (or
+JSON). The probes package is imported inside the command bodies, so other commands never load
+it. Endpoint problems surface as :class:`orchestrator.errors.RemoteError` and are printed by the
+CLI's one error boundary; a probe that ran but found a failure exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.errors import DsvError, ExitCode
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DsvError(f"--{what} {text!r} is not a comma-separated list of numbers",
+                       fix=f"e.g. --{what} 0,0.5,1") from None
+
+
+def _lengths(text: str) -> list[int]:
+    out = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        mult = 1
+        if x.endswith("k"):
+            mult, x = 1000, x[:-1]
+        elif x.endswith("m"):
+            mult, x = 1_000_000, x[:-1]
+        try:
+            out.append(int(float(x) * mult))
+        except ValueError:
+            raise DsvError(f"--lengths {text!r}: {x!r} is not a number of tokens",
+                           fix="e.g. --lengths 1k,4k,16k,64k") from None
+    return out
+
+
+def _endpoint(url: str, api_key: str | None, timeout: float) -> Any:
+    from orchestrator.probes.client import Endpoint
+
+    return Endpoint(url, api_key=api_key, timeout_s=timeout)
+
+
+_common = [
+    click.option("--url", required=True, envvar="DSV4CTL_PROBE_URL", show_envvar=True,
+                 help="Server root: the router in PD (http://HOST:8000) or an engine "
+                      "(http://HOST:30000)."),
+    click.option("--model", default=None,
+                 help="Served model name. Default: the only model in /v1/models."),
+    click.option("--api-key", default=None, envvar="DSV4CTL_API_KEY", show_envvar=True,
+                 help="Bearer token, if the server wants one."),
+    click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1),
+                 help="Seconds to wait for any single read."),
+    click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+]
+
+
+def _with_common(fn: Any) -> Any:
+    for opt in reversed(_common):
+        fn = opt(fn)
+    return fn
+
+
+@click.group("probe")
+def probe() -> None:
+    """Probe a live OpenAI-compatible endpoint (recall, load, chat behaviours)."""
+
+
+@probe.command("recall")
+@_with_common
+@click.option("--lengths", default="1k,2k,4k,8k,16k,32k,64k", show_default=True,
+              help="Context lengths in tokens (k/M suffixes allowed), comma-separated.")
+@click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True,
+              help="Needle depths as fractions of the document (0 start, 1 end).")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
+              help="Grid cells in flight at once.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1, 8192))
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a PNG heatmap (green recalled, red missed, grey error).")
+@click.option("--min-full-recall", type=int, default=None,
+              help="Exit 1 unless every cell up to this length is recalled.")
+def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+               lengths: str, depths: str, concurrency: int, max_tokens: int, plot: Path | None,
+               min_full_recall: int | None) -> int:
+    """Needle-in-a-haystack recall over a grid of context lengths and depths.
+
+    Hides "The secret code for <KEY> is <VALUE>." at each depth of a filler document of each
+    length and asks for it at the end; prints recall per cell and the longest length with full
+    recall. Lengths are calibrated against the server's own token counts.
+    """
+    from orchestrator.probes.client import resolve_model
+    from orchestrator.probes.png import heatmap
+    from orchestrator.probes.qualify import run_sync
+    from orchestrator.probes.recall import run_recall
+
+    ep = _endpoint(url, api_key, timeout)
+    grid_l, grid_d = _lengths(lengths), _floats(depths, "depths")
+
+    async def go() -> Any:
+        name = await resolve_model(ep, model)
+        return await run_recall(ep, name, grid_l, grid_d, concurrency=concurrency,
+                                max_tokens=max_tokens,
+                                on_cell=lambda c: click.echo(".", nl=False, err=True))
+
+    report = run_sync(go())
+    click.echo("", err=True)
+    if plot is not None:
+        values = {(c.length, c.depth): (None if c.error else c.recalled) for c in report.cells}
+        try:
+            plot.write_bytes(heatmap(report.lengths, report.depths, values))
+        except OSError as exc:
+            raise DsvError(f"cannot write --plot {plot}: {exc.strerror or exc}",
+                           fix="choose a writable path") from None
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.table())
+    if plot is not None and not as_json:
+        click.echo(f"plot written to {plot}")
+    best = report.longest_full_recall
+    if min_full_recall is not None and (best is None or best < min_full_recall):
+        return int(ExitCode.ERROR)
+    return 0
+
+
+class _Bar:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, else every 10%)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last_decile = -1
+
+    def __call__(self, p: Any) -> None:
+        frac = min(1.0, p.elapsed_s / p.duration_s) if p.duration_s else 1.0
+        filled = int(frac * 30)
+        rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
+        line = (f"[{'#' * filled}{'.' * (30 - filled)}] {p.elapsed_s:5.1f}/{p.duration_s:g}s "
+                f"{p.requests:5d} req {rate:8.1f} tok/s {p.in_flight:3d} in flight")
+        if self.tty:
+            click.echo("\r" + line, nl=False, err=True)
+        elif int(frac * 10) > self.last_decile:
+            self.last_decile = int(frac * 10)
+            click.echo(line, err=True)
+
+    def close(self) -> None:
+        if self.tty:
+            click.echo("", err=True)
+
+
+@probe.command("load")
+@_with_common
+@click.option("--concurrency", "-c", default=16, show_default=True, type=click.IntRange(1, 4096),
+              help="Requests in flight at once (closed loop).")
+@click.option("--duration", "-d", default=30.0, show_default=True,
+              type=click.FloatRange(min=0.1), help="Seconds to keep sending new requests.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1, 65536),
+              help="Output tokens per request (ignore_eos: every answer is this long).")
+@click.option("--prompt-tokens", default=512, show_default=True, type=click.IntRange(1, 10**6),
+              help="Approximate prompt length per request.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@click.option("--min-tok-s", type=float, default=None,
+              help="Exit 1 if output tokens/s falls below this.")
+def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+             concurrency: int, duration: float, max_tokens: int, prompt_tokens: int,
+             no_progress: bool, min_tok_s: float | None) -> int:
+    """Closed-loop streaming load: output tok/s, requests/s, TTFT and inter-token latency.
+
+    CONCURRENCY workers send streaming chat completions back to back for DURATION seconds;
+    requests in flight at the end finish and count.
+    """
+    from orchestrator.probes.client import resolve_model
+    from orchestrator.probes.load import run_load
+    from orchestrator.probes.qualify import run_sync
+
+    ep = _endpoint(url, api_key, timeout)
+    bar = None if no_progress else _Bar()
+
+    async def go() -> Any:
+        name = await resolve_model(ep, model)
+        return await run_load(ep, name, concurrency=concurrency, duration_s=duration,
+                              max_tokens=max_tokens, prompt_tokens=prompt_tokens, progress=bar)
+
+    try:
+        report = run_sync(go())
+    finally:
+        if bar is not None:
+            bar.close()
+    click.echo(json.dumps(report.figures(), indent=2) if as_json else report.table())
+    if report.requests_ok == 0:
+        raise DsvError(f"no request succeeded: {report.errors[0] if report.errors else '?'}",
+                       fix="check the server's log and `dsv4ctl probe chat`")
+    if min_tok_s is not None and report.output_tok_s < min_tok_s:
+        return int(ExitCode.ERROR)
+    return 0
+
+
+@probe.command("chat")
+@_with_common
+@click.option("--temperature", "expect_temperature", default=1.0, show_default=True,
+              type=float, help="Expected default temperature (the profile's).")
+@click.option("--top-p", "expect_top_p", default=0.95, show_default=True, type=float,
+              help="Expected default top_p (the profile's).")
+def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+             expect_temperature: float, expect_top_p: float) -> int:
+    """Check reasoning separation, parsed tool calls and sampling defaults.
+
+    Exits 1 and names the failing behaviour when reasoning leaks into the answer, a tool call
+    comes back as raw markup, or requests without sampling parameters miss the defaults.
+    """
+    from orchestrator.probes.chat import run_chat
+    from orchestrator.probes.client import resolve_model
+    from orchestrator.probes.qualify import run_sync
+
+    ep = _endpoint(url, api_key, timeout)
+
+    async def go() -> Any:
+        name = await resolve_model(ep, model)
+        return await run_chat(ep, name, temperature=expect_temperature, top_p=expect_top_p)
+
+    report = run_sync(go())
+    if as_json:
+        click.echo(json.dumps({"passed": report.passed,
+                               "checks": [c.__dict__ for c in report.checks]}, indent=2))
+    else:
+        click.echo(report.table())
+    return 0 if report.passed else int(ExitCode.ERROR)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(probe)
