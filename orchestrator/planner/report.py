@@ -125,6 +125,10 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
             lines.append(f"  downtime: restarting {', '.join(plan.restarts)} reloads the model "
                          "(minutes without service for that role)")
         lines.append("")
+        if plan.facts_source == "declared":
+            lines.append("  (declared facts: the host's current release is unknown, so changes are "
+                         "shown against an empty host; plan with --host NAME to compare with it)")
+        lines.append("")
     else:
         lines.append("No changes.")
         lines.append("")

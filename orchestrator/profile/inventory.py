@@ -78,6 +78,10 @@ class Host(_Strict):
         default="system",
         description="systemd scope: 'system' on production hosts, 'user' for systemctl --user.",
     )
+    rdma: bool = Field(
+        default=False,
+        description="Whether the host has RDMA NICs (PD transfer backend 'mooncake' needs them).",
+    )
     install_root: SafePath = Field(
         default="/srv/dsv4", description="Where releases/ and the current link live on the host."
     )

@@ -1,0 +1,248 @@
+"""``build_plan``: profile + host facts + catalog → Plan. Pure: no network, no clock.
+
+This is where the pieces meet: the resolved deployment, the catalog's weight arithmetic, the SGLang
+0.5.23 KV-pool model, the engine's rules for this version, the host's GPUs and disks, the rendered
+release tree, and the comparison with the host's current release. Same inputs, byte-identical plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator import __version__
+from orchestrator.catalog import Catalog, UnknownCatalogEntry, load_catalog
+from orchestrator.catalog.errors import CatalogError
+from orchestrator.deployment import Deployment, resolve
+from orchestrator.errors import DsvError, InputError, Problem, ProfileError
+from orchestrator.facts import Facts, declared_facts
+from orchestrator.paths import default_profile
+from orchestrator.planner import capacity, rules
+from orchestrator.planner.checks import apply_acknowledgements, disk_rows, topology_checks
+from orchestrator.planner_model import Action, Check, Plan, PlannedFile
+from orchestrator.profile.inventory import Host, Inventory
+from orchestrator.profile.loader import load_inventory, load_text, read_file
+from orchestrator.profile.schema import Profile
+
+# Files of a release that describe it rather than configure a service: they change whenever anything
+# changes, so they are not actions of their own.
+_META_FILES = frozenset({"manifest.json", "plan.json", "record.json"})
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    profile: Profile
+    profile_path: Path | None
+    profile_text: str
+    host_name: str
+    host: Host
+    inventory_path: Path | None
+
+
+def inventory_path_for(profile_path: Path | None, explicit: Path | None) -> Path | None:
+    """``--inventory``, else ``inventory.yaml`` beside the profile, else ``./inventory.yaml``."""
+    if explicit is not None:
+        return explicit
+    candidates = [profile_path.parent / "inventory.yaml"] if profile_path is not None else []
+    candidates.append(Path("inventory.yaml"))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def host_of(profile: Profile, inventory: Inventory | None, inventory_path: Path | None,
+            override: str | None = None) -> tuple[str, Host]:
+    """The host entry a profile deploys to (inline, or by name in the inventory)."""
+    if override is None and isinstance(profile.host, Host):
+        return profile.name, profile.host
+    name = override if override is not None else str(profile.host)
+    if inventory is None:
+        raise ProfileError(
+            f"host = {name!r} names an inventory host, but no inventory was found",
+            fix="pass --inventory PATH (or set DSV4CTL_INVENTORY), put inventory.yaml beside the "
+                "profile, or define the host inline under 'host:'")
+    if name not in inventory.hosts:
+        known = ", ".join(sorted(inventory.hosts))
+        raise ProfileError(
+            f"host = {name!r} is not in {inventory_path}; it declares: {known}",
+            fix=f"use one of: {known}, or add '{name}' to the inventory")
+    return name, inventory.hosts[name]
+
+
+def load_context(profile_path: Path | None, inventory_path: Path | None, *,
+                 host_override: str | None = None) -> PlanContext:
+    path = profile_path or default_profile()
+    text = read_file(path)
+    profile = load_text(Profile, text, str(path))
+    inv_path = inventory_path_for(path, inventory_path)
+    needs_inventory = host_override is not None or not isinstance(profile.host, Host)
+    inventory = load_inventory(inv_path) if (inv_path is not None and needs_inventory) else None
+    name, host = host_of(profile, inventory, inv_path, host_override)
+    return PlanContext(profile, path, text, name, host, inv_path)
+
+
+def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[object, object]:
+    problems = []
+    engine = model = None
+    try:
+        engine = cat.engine(profile.engine.name, profile.engine.version)
+    except UnknownCatalogEntry as exc:
+        problems.append(Problem("engine.version", str(exc), value=repr(profile.engine.version),
+                                file=ctx_path,
+                                fix="pin an engine version the catalog knows (dsv4ctl catalog engines)"))
+    try:
+        model = cat.model(profile.model.variant)
+    except UnknownCatalogEntry as exc:
+        problems.append(Problem("model.variant", str(exc), value=repr(profile.model.variant),
+                                file=ctx_path, fix="use a variant id from `dsv4ctl catalog models`"))
+    if problems:
+        raise InputError(kind=ctx_path, problems=problems)
+    return engine, model
+
+
+def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
+    cat = cat or load_catalog()
+    _, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
+    config = cat.config_of(model)  # type: ignore[arg-type]
+    return resolve(ctx.profile, ctx.host_name, ctx.host,
+                   default_index_topk=config.index_topk.value,
+                   max_context_length=config.max_position_embeddings.value)
+
+
+def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None) -> Plan:
+    """Everything ``dsv4ctl plan`` shows, as one value. Facts default to the host's declaration."""
+    from orchestrator.render import render_release  # jinja2; still light (no torch/fabric)
+
+    cat = cat or load_catalog()
+    facts = facts or declared_facts(ctx.host_name, ctx.host)
+    engine, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
+    dep = resolve_deployment(ctx, cat)
+    config = cat.config_of(model)  # type: ignore[arg-type]
+
+    checks: list[Check] = []
+    checks += topology_checks(dep, facts, config.num_attention_heads.value)
+    gpu_checks, gpu = capacity.host_gpu(cat, facts, dep)
+    checks += gpu_checks
+    role_caps, gpu_rows, cap_checks = [], [], []
+    if gpu is not None and not any(c.severity == "error" for c in checks):
+        role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
+            cat, engine, model, dep, ctx.profile, gpu, facts)  # type: ignore[arg-type]
+    checks += cap_checks
+    checks += rules.engine_checks(cat, engine, model, dep, ctx.profile, gpu, ctx.host)  # type: ignore[arg-type]
+    disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),  # type: ignore[arg-type]
+                                   dep.model_variant)
+    checks += disk_checks
+    checks = apply_acknowledgements(
+        checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
+    checks = sorted(checks, key=lambda c: ({"error": 0, "warning": 1, "info": 2}[c.severity],
+                                           c.id, c.subject or ""))
+
+    tree = render_release(ctx.profile, dep)
+    files = [PlannedFile(path=p, mode=f.mode, sha256=None if f.sensitive else f.sha256,
+                         sensitive=f.sensitive, roles=list(f.roles),
+                         content=None if f.sensitive else f.content)
+             for p, f in sorted(tree.files.items())]
+    actions, restarts = diff_actions(files, facts, dep)
+    return Plan(
+        tool_version=__version__,
+        profile_name=ctx.profile.name,
+        profile_path=str(ctx.profile_path) if ctx.profile_path else None,
+        profile_sha256=hashlib.sha256(ctx.profile_text.encode()).hexdigest(),
+        host=ctx.host_name,
+        facts_source=facts.source,
+        facts_fingerprint=facts.fingerprint(),
+        current_release=facts.current_release,
+        deployment=dep,
+        capacity=role_caps,
+        gpus=gpu_rows,
+        disks=disks,
+        checks=checks,
+        files=files,
+        actions=actions,
+        restarts=restarts,
+    )
+
+
+def diff_actions(files: list[PlannedFile], facts: Facts, dep: Deployment) -> tuple[list[Action], list[str]]:
+    """Actions against the host's current release: created, changed, removed files; restarted roles.
+
+    With declared facts the current release is unknown, so the plan is relative to an empty host.
+    A role whose inputs changed restarts (a model reload: downtime); on a host with no release the
+    roles start instead.
+    """
+    current = facts.current_files
+    actions: list[Action] = []
+    touched: set[str] = set()
+    new_paths = set()
+    for f in files:
+        if f.path in _META_FILES:
+            continue
+        new_paths.add(f.path)
+        old = current.get(f.path)
+        if old is None:
+            actions.append(Action(kind="create", target=f.path))
+        elif f.sensitive or old != f.sha256:
+            if not f.sensitive:
+                actions.append(Action(kind="change", target=f.path))
+        else:
+            continue
+        touched.update(f.roles)
+    for path in sorted(set(current) - new_paths - _META_FILES):
+        actions.append(Action(kind="remove", target=path))
+        touched.update(_roles_of_path(path, dep))
+    order = [r.name for r in dep.roles] + (["router"] if dep.router else [])
+    changed_roles = [r for r in order if r in touched]
+    restarts: list[str] = []
+    if facts.current_release is None:
+        actions += [Action(kind="start", target=_unit(dep, r)) for r in changed_roles]
+    else:
+        restarts = changed_roles
+        actions += [Action(kind="restart", target=_unit(dep, r), detail="model reload")
+                    if r != "router" else Action(kind="restart", target=_unit(dep, r))
+                    for r in changed_roles]
+    return actions, restarts
+
+
+def _unit(dep: Deployment, role: str) -> str:
+    if role == "router" and dep.router is not None:
+        return dep.router.unit
+    return dep.role(role).unit
+
+
+def _roles_of_path(path: str, dep: Deployment) -> set[str]:
+    names = [r.name for r in dep.roles] + ["router"]
+    return {n for n in names if f"-{n}." in path or f"launch-{n}" in path or f"/{n}." in path}
+
+
+def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,
+                    facts: Facts | None = None, host_override: str | None = None) -> Plan:
+    ctx = load_context(profile_path, inventory_path, host_override=host_override)
+    try:
+        return build_plan(ctx, facts)
+    except CatalogError as exc:
+        raise DsvError(str(exc), fix=getattr(exc, "fix", None)) from None
+
+
+def save_plan(plan: Plan, path: Path) -> None:
+    """Write a plan for `dsv4ctl apply PLAN.json` (file contents included; secrets never are)."""
+    data = plan.model_dump(mode="json")
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def load_plan(path: Path) -> Plan:
+    text = read_file(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(kind=str(path), problems=[Problem(
+            "", f"not a saved plan: invalid JSON ({exc.msg})", file=str(path), line=exc.lineno,
+            column=exc.colno, fix="create one with `dsv4ctl plan PROFILE -o plan.json`")]) from None
+    if not isinstance(data, dict) or data.get("format") != Plan.model_fields["format"].default:
+        raise InputError(kind=str(path), problems=[Problem(
+            "format", "not a saved plan of this dsv4ctl version", file=str(path),
+            value=repr(data.get("format")) if isinstance(data, dict) else None,
+            fix="re-run `dsv4ctl plan PROFILE -o plan.json` with this dsv4ctl")])
+    return Plan.model_validate(data)

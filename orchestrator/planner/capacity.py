@@ -1,0 +1,241 @@
+"""GPU memory per role: weights per rank, the SGLang 0.5.23 KV pool, headroom, and whether it fits.
+
+For each engine role the catalog gives the weight bytes one rank holds (sharding rules of SGLang's
+V4 model), :mod:`orchestrator.planner.kvpool` reproduces how ``sglang serve`` sizes the KV pool from
+what is left inside ``--mem-fraction-static``, and the checks say what does not fit, by how much,
+and what to change. Pure functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.catalog import Catalog, EngineRules, Gpu, ModelVariant, UnknownCatalogEntry
+from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
+from orchestrator.deployment import Deployment, RoleDeployment
+from orchestrator.facts import Facts
+from orchestrator.planner.checks import check, gib
+from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
+from orchestrator.planner_model import Check, GpuRow, RoleCapacity, WeightGroup
+from orchestrator.profile.schema import Profile
+
+# Memory already in use on each GPU before SGLang measures its baseline: the CUDA context, NCCL's
+# buffers and cuBLAS workspaces. Not measured on an RTX PRO 6000 with SGLang 0.5.23 (unconfirmed);
+# 1 GiB is a deliberately conservative estimate so the planned KV pool errs small, not large.
+PRELOAD_USED_BYTES = 1 << 30
+PRELOAD_NOTE = ("assumes 1 GiB per GPU in use before SGLang's baseline (CUDA context, NCCL); "
+                "unconfirmed estimate: compare the engine log's 'KV Cache is allocated' line")
+
+# Below this, the memory outside --mem-fraction-static is thin for activations, CUDA graphs and
+# NCCL: an operator saw mfs 0.95 crash a rank on a long prefill where 0.93 held
+# (ormandj/sglang-deepseek-v4-flash-sm120 RUN.md, research/model-hw.md §4.4).
+MIN_HEADROOM_BYTES = 4 << 30
+
+DEFAULT_MFS = 0.85  # used only when a profile sets mem_fraction_static to null (engine "auto")
+
+_SPEC = {"none": None, "eagle": "EAGLE", "dspark": "DSPARK"}
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    spec: Gpu
+    total_bytes: int  # the smallest memory among the GPUs the deployment uses
+    arch: str
+
+
+def host_gpu(cat: Catalog, facts: Facts, dep: Deployment) -> tuple[list[Check], HostGpu | None]:
+    """The GPU model the deployment runs on, from probed or declared facts."""
+    used = sorted({g for r in dep.roles for g in r.gpus})
+    present = [g for g in facts.gpus if g.index in used] or list(facts.gpus)
+    if not present:
+        return [check("host.no-gpus", "error", "no GPUs on the host",
+                      f"host {facts.host} reports no GPUs", "check the inventory's gpus or the driver",
+                      subject=facts.host)], None
+    specs: dict[str, Gpu] = {}
+    checks: list[Check] = []
+    for g in present:
+        try:
+            specs[g.name] = cat.gpu(g.name)
+        except UnknownCatalogEntry as exc:
+            checks.append(check(
+                "host.gpu-unknown", "error", "GPU model not in the catalog",
+                f"GPU {g.index} is '{g.name}', which the catalog does not know ({exc})",
+                "use a catalog GPU id in the inventory (dsv4ctl catalog gpus) or add the GPU to "
+                "orchestrator/catalog/data/gpus.yaml with sources", subject=f"gpu{g.index}"))
+    if checks:
+        return checks, None
+    ids = sorted({s.id for s in specs.values()})
+    if len(ids) > 1:
+        checks.append(check(
+            "host.gpu-mixed", "warning", "GPUs of different models",
+            f"the deployment's GPUs are {', '.join(ids)}; the plan sizes every rank by the smallest",
+            "use one GPU model per role", subject=facts.host))
+    totals = []
+    for g in present:
+        spec = specs[g.name]
+        totals.append((g.memory_mib << 20) if g.memory_mib else spec.memory_bytes)
+    smallest = min(specs.values(), key=lambda s: s.memory_bytes)
+    return checks, HostGpu(spec=smallest, total_bytes=min(totals), arch=smallest.arch)
+
+
+def _kv_inputs(cat: Catalog, model: ModelVariant, dep: Deployment, role: RoleDeployment,
+               engine: EngineRules) -> KVPoolInputs:
+    cfg = cat.config_of(model)
+    mrr = role.max_running_requests or int(
+        engine.forced_for_v4["max_running_requests_when_unset"].value)
+    return KVPoolInputs(
+        num_hidden_layers=cfg.num_hidden_layers.value,
+        compress_ratios=tuple(cfg.compress_ratios.value),
+        qk_nope_head_dim=cfg.qk_nope_head_dim.value,
+        qk_rope_head_dim=cfg.qk_rope_head_dim.value,
+        index_head_dim=cfg.index_head_dim.value,
+        sliding_window=cfg.sliding_window.value,
+        kv_cache_dtype=dep.kv_cache_dtype,  # type: ignore[arg-type]
+        fp4_indexer=dep.fp4_indexer,
+        max_running_requests=mrr,
+        attn_dp_size=role.attn_dp,
+        speculative_algorithm=_SPEC[dep.speculative_algorithm],  # type: ignore[arg-type]
+        speculative_num_draft_tokens=dep.speculative_num_draft_tokens,
+        dspark_block_size=dep.speculative_dspark_block_size,
+        disaggregation_mode=role.disaggregation_mode or "null",
+        context_length=dep.context_length,
+    )
+
+
+def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+                  profile: Profile, gpu: HostGpu, facts: Facts
+                  ) -> tuple[list[RoleCapacity], list[GpuRow], list[Check]]:
+    caps: list[RoleCapacity] = []
+    rows: dict[int, GpuRow] = {}
+    checks: list[Check] = []
+    accepted_kv = engine.accepts("kv_cache_dtype", dep.kv_cache_dtype)
+    for role in dep.roles:
+        mfs = role.mem_fraction_static if role.mem_fraction_static is not None else DEFAULT_MFS
+        notes = [PRELOAD_NOTE]
+        if role.mem_fraction_static is None:
+            notes.append(f"mem_fraction_static unset (engine picks); planned with {DEFAULT_MFS}")
+        try:
+            wb = cat.weight_bytes_per_rank(
+                model, dep.expert_storage, role.tp, role.ep, role.attn_dp,
+                include_mtp=dep.speculative_algorithm == "eagle",
+                include_dspark=dep.speculative_algorithm == "dspark",
+                engine=engine, gpu_arch=gpu.arch)
+        except (UnsupportedLayout, UnknownCatalogData) as exc:
+            checks.append(check(
+                "capacity.layout", "error", "weights cannot be sharded this way",
+                f"role {role.name}: {exc}", getattr(exc, "fix", None) or
+                "choose tp/ep/attn_dp the model supports", subject=role.name))
+            continue
+        notes += list(wb.unconfirmed)
+        static_budget = int(gpu.total_bytes * mfs)
+        if wb.total_bytes > static_budget:
+            need = wb.total_bytes / gpu.total_bytes
+            checks.append(check(
+                "capacity.weights", "error", "weights do not fit the GPU",
+                f"role {role.name}: each of its {role.tp} GPUs must hold {gib(wb.total_bytes)} of "
+                f"{dep.expert_storage} weights, but mem_fraction_static {mfs:.2f} of "
+                f"{gib(gpu.total_bytes)} allows {gib(static_budget)}"
+                + (f" ({need:.0%} of the GPU)" if need < 1 else " (more than the whole GPU)"),
+                "spread the role over more GPUs (higher tp/ep), store experts in a smaller format "
+                "(expert_storage: native fp4), or drop the PD split",
+                subject=role.name, weights_bytes=wb.total_bytes, budget_bytes=static_budget))
+            caps.append(_cap(role, gpu, mfs, wb, None, notes))
+            for g in role.gpus:
+                rows[g] = GpuRow(index=g, role=role.name, model=gpu.spec.id, total_bytes=gpu.total_bytes,
+                                 weights_bytes=wb.total_bytes, kv_bytes=0,
+                                 headroom_bytes=max(0, gpu.total_bytes - wb.total_bytes),
+                                 free_static_bytes=0)
+            continue
+        if not accepted_kv:
+            continue  # engine_checks reports the dtype; the pool cannot be sized for it
+        try:
+            sizing = size_pool(_kv_inputs(cat, model, dep, role, engine), gpu.total_bytes,
+                               wb.total_bytes, mfs, preload_used_bytes=PRELOAD_USED_BYTES,
+                               world_size=role.tp)
+        except KVPoolError as exc:
+            checks.append(check("capacity.kv-inputs", "error", "KV pool cannot be sized",
+                                f"role {role.name}: {exc.message}", exc.fix, subject=role.name))
+            continue
+        notes += list(sizing.notes)
+        caps.append(_cap(role, gpu, mfs, wb, sizing, notes))
+        checks += _pool_checks(dep, profile, role, sizing, mfs, gpu)
+        kv = sizing.pool_bytes.total if sizing.pool_bytes else 0
+        for g in role.gpus:
+            rows[g] = GpuRow(index=g, role=role.name, model=gpu.spec.id, total_bytes=gpu.total_bytes,
+                             weights_bytes=wb.total_bytes, kv_bytes=kv,
+                             headroom_bytes=max(0, sizing.headroom_bytes),
+                             free_static_bytes=max(0, sizing.unused_budget_bytes))
+    for g in facts.gpus:
+        if g.index not in rows:
+            rows[g.index] = GpuRow(index=g.index, role=None, model=gpu.spec.id,
+                                   total_bytes=gpu.total_bytes, weights_bytes=0, kv_bytes=0,
+                                   headroom_bytes=gpu.total_bytes, free_static_bytes=0)
+    return caps, [rows[i] for i in sorted(rows)], checks
+
+
+def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: object, sizing: PoolSizing | None,
+         notes: list[str]) -> RoleCapacity:
+    groups = [WeightGroup(name=g.id, bytes=g.bytes_per_rank) for g in wb.groups]  # type: ignore[attr-defined]
+    tokens = sizing.max_total_num_tokens if sizing else 0
+    return RoleCapacity(
+        role=role.name, gpu_model=gpu.spec.id, gpu_total_bytes=gpu.total_bytes, tp=role.tp,
+        ep=role.ep, attn_dp=role.attn_dp, mem_fraction_static=mfs, weights_per_rank=groups,
+        weights_per_rank_bytes=wb.total_bytes,  # type: ignore[attr-defined]
+        static_budget_bytes=int(gpu.total_bytes * mfs),
+        headroom_bytes=sizing.headroom_bytes if sizing else 0,
+        kv_pool_bytes_per_rank=sizing.pool_bytes.total if sizing and sizing.pool_bytes else 0,
+        bytes_per_token=sizing.bytes_per_full_token if sizing else 0.0,
+        fixed_bytes_per_rank=sizing.fixed_bytes if sizing else 0,
+        max_total_tokens_per_rank=tokens, token_capacity=tokens * role.attn_dp,
+        max_running_requests=(sizing.max_running_requests * role.attn_dp) if sizing else 0,
+        notes=sorted(set(notes)))
+
+
+def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: PoolSizing, mfs: float,
+                 gpu: HostGpu) -> list[Check]:
+    out: list[Check] = []
+    if not s.fits:
+        hint = (f"raise mem_fraction_static to at least {s.min_mem_fraction_static:.2f}, "
+                if s.min_mem_fraction_static else "")
+        out.append(check(
+            "capacity.kv-pool", "error", "no room for the KV cache",
+            f"role {role.name}: SGLang would refuse to start: {s.failure}",
+            hint + "use more GPUs per role, or smaller expert storage", subject=role.name))
+        return out
+    if s.max_total_num_tokens < dep.context_length:
+        out.append(check(
+            "capacity.context", "error", "one full-length request does not fit the KV pool",
+            f"role {role.name}: context_length {dep.context_length:,} tokens, but each rank's pool "
+            f"holds {s.max_total_num_tokens:,} tokens ({s.bytes_per_full_token:,.0f} B per token)",
+            f"lower attention.context_length to at most {s.max_total_num_tokens:,}, raise "
+            "mem_fraction_static, or give the role more memory (more GPUs, smaller expert storage)",
+            subject=role.name, pool_tokens=s.max_total_num_tokens, context_length=dep.context_length))
+    if role.disaggregation_mode != "prefill":
+        w = profile.workload
+        need = w.concurrent_requests * w.context_tokens
+        have = s.max_total_num_tokens * role.attn_dp
+        if need > have:
+            fit = have // max(1, w.context_tokens)
+            out.append(check(
+                "capacity.workload", "warning", "the workload does not fit in the KV cache at once",
+                f"role {role.name}: {w.concurrent_requests} requests x {w.context_tokens:,} tokens = "
+                f"{need:,} tokens, but the pool holds {have:,}; about {fit} such requests run at "
+                "once, the rest queue",
+                "lower workload.concurrent_requests or context_tokens, raise mem_fraction_static, "
+                "or add GPUs to this role", subject=role.name, need_tokens=need, pool_tokens=have))
+        if s.max_running_requests * role.attn_dp < w.concurrent_requests:
+            out.append(check(
+                "capacity.max-running", "warning", "max_running_requests below the workload",
+                f"role {role.name}: the engine runs at most {s.max_running_requests * role.attn_dp} "
+                f"requests at once; workload.concurrent_requests is {w.concurrent_requests}",
+                f"set serving.max_running_requests to {w.concurrent_requests} or more",
+                subject=role.name))
+    if s.headroom_bytes < MIN_HEADROOM_BYTES:
+        out.append(check(
+            "capacity.headroom", "warning", "little memory left outside the static pool",
+            f"role {role.name}: {gib(s.headroom_bytes)} per GPU remains for activations, CUDA graphs "
+            f"and NCCL at mem_fraction_static {mfs:.2f}; long prefills have crashed ranks at 0.95 "
+            "where 0.93 held", f"lower mem_fraction_static (keep at least {gib(MIN_HEADROOM_BYTES)})",
+            subject=role.name, headroom_bytes=s.headroom_bytes,
+            source="https://github.com/ormandj/sglang-deepseek-v4-flash-sm120 (RUN.md)"))
+    return out

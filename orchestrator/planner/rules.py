@@ -1,0 +1,201 @@
+"""Engine rules: what the pinned SGLang version accepts, decides by itself, and is known to get wrong.
+
+Everything here reads the catalog's entry for the profile's engine *version* (accepted values,
+MoE runner dispatch per checkpoint format and GPU architecture, known-bad combinations with their
+upstream links) and the pinned flag table; nothing is hard-coded for one engine release. Pure.
+"""
+
+from __future__ import annotations
+
+from orchestrator.catalog import Catalog, EngineRules, ModelVariant
+from orchestrator.catalog.flags import UnknownFlagTableError, load_flag_table
+from orchestrator.deployment import Deployment
+from orchestrator.errors import DsvError
+from orchestrator.planner.capacity import HostGpu
+from orchestrator.planner.checks import check
+from orchestrator.planner_model import Check
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.schema import Profile
+
+# Beyond this many tokens, index_topk 512 lost long-context recall on the operator's deployment
+# (design.md: "recall failed beyond ~2-4K tokens until index_topk went from 512 to 1024").
+LONG_CONTEXT_TOKENS = 4096
+
+_SPEC = {"eagle": "EAGLE", "dspark": "DSPARK"}
+
+
+def _accepted(engine: EngineRules, knob: str, value: object, field: str, label: str) -> list[Check]:
+    spec = engine.accepted[knob]
+    if value in spec.values:
+        return []
+    allowed = ", ".join(str(v) for v in spec.values)
+    fix = f"use one of: {allowed}"
+    if knob == "kv_cache_dtype" and value == "bf16":
+        fix = "write 'bfloat16': SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 path"
+    return [check(f"engine.{knob.replace('_', '-')}", "error", f"{label} not accepted by the engine",
+                  f"{field} = {value!r}: {engine.engine} {engine.version} accepts only {allowed}"
+                  + (f" ({spec.note})" if spec.note else ""), fix, subject=field, source=spec.source)]
+
+
+def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+                  profile: Profile, gpu: HostGpu | None, host: Host) -> list[Check]:
+    cfg = cat.config_of(model)
+    out: list[Check] = []
+    out += _accepted(engine, "index_topk", dep.index_topk, "attention.index_topk", "index_topk")
+    out += _accepted(engine, "kv_cache_dtype", dep.kv_cache_dtype, "attention.kv_cache_dtype",
+                     "KV cache dtype")
+    max_ctx = cfg.max_position_embeddings.value
+    if dep.context_length > max_ctx:
+        out.append(check(
+            "engine.context-length", "error", "context longer than the model supports",
+            f"attention.context_length = {dep.context_length:,} exceeds the model's "
+            f"max_position_embeddings {max_ctx:,}", f"use at most {max_ctx:,}",
+            subject="attention.context_length", source=cfg.max_position_embeddings.source))
+    out += _speculative(engine, model, dep)
+    if gpu is not None:
+        out += _moe_path(cat, engine, model, dep, gpu)
+        out += _known_bad(cat, engine, model, dep, gpu, host)
+    out += _flags(dep)
+    return out
+
+
+def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> list[Check]:
+    algo = dep.speculative_algorithm
+    if algo == "none":
+        return []
+    rule = next((r for r in engine.speculative if r.algorithm == _SPEC[algo]), None)
+    if rule is None:
+        return [check("engine.speculative", "error", "speculative algorithm not supported",
+                      f"speculative.algorithm = {algo!r} is not allowed for DeepSeek-V4 by "
+                      f"{engine.engine} {engine.version}", "use eagle or dspark, or none",
+                      subject="speculative.algorithm")]
+    if rule.requires_module and rule.requires_module not in model.modules:
+        return [check("engine.speculative", "error", "the checkpoint lacks the draft module",
+                      f"speculative.algorithm = {algo!r} needs the {rule.requires_module} module, which "
+                      f"{model.id} does not ship (modules: {', '.join(model.modules)})",
+                      "use eagle (MTP) with this checkpoint, or a checkpoint that ships DSpark "
+                      "(dsv4-flash-0731-mxfp4)", subject="speculative.algorithm", source=rule.source)]
+    return []
+
+
+def effective_expert_format(cat: Catalog, model: ModelVariant, expert_storage: str) -> str:
+    if expert_storage == "native":
+        return model.expert_format
+    opt = cat.expert_storage_option(expert_storage)
+    return opt.format or model.expert_format
+
+
+def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+              gpu: HostGpu) -> list[Check]:
+    fmt = model.expert_format
+    requested = dep.moe_runner_backend
+    rules = engine.moe_runner_rules(fmt, gpu.arch)
+    if dep.expert_storage != "native":
+        rule = next((r for r in rules if r.requires_expert_storage == dep.expert_storage), None)
+    elif requested == "auto":
+        rule = engine.default_moe_runner(fmt, gpu.arch)
+    else:
+        rule = engine.moe_runner(fmt, gpu.arch, requested)
+    label = f"{fmt} experts on {gpu.arch} ({gpu.spec.id})"
+    if rule is None:
+        what = "auto" if requested == "auto" else requested
+        return [check(
+            "engine.moe-runner-unknown", "warning", "MoE kernel path not in the catalog",
+            f"moe.runner_backend = {what!r} with {label} and expert_storage {dep.expert_storage}: the "
+            f"catalog does not know which kernel {engine.engine} {engine.version} runs, so its speed "
+            "and correctness are unverified",
+            "pick a runner the catalog lists for this format and GPU (see the plan's other "
+            "checks), or verify on the host and add it to the catalog", subject="moe.runner_backend")]
+    resolved = f"auto resolves to {rule.runner}" if requested == "auto" else f"runner {rule.runner}"
+    cost = engine.moe_path_cost.get(rule.path_kind)
+    cost_text = ""
+    if cost is not None:
+        v = cost.decode_time_fraction.value
+        cost_text = (f"; expected MoE share of decode time ~{v[0]:.0%}-{v[1]:.0%}"
+                     if isinstance(v, list) else f"; expected MoE share of decode time ~{v:.0%}")
+    note = f" ({rule.note})" if rule.note else ""
+    conf = "" if rule.confidence != "unconfirmed" else " [unconfirmed]"
+    if rule.path_kind == "unavailable":
+        alt = [r.runner for r in rules if r.path_kind == "tensor_core"]
+        return [check(
+            "engine.moe-runner-unavailable", "error", "MoE runner cannot run on this GPU",
+            f"{label}: {resolved} ({rule.method}), which does not run on {gpu.arch}{note}{conf}",
+            f"set moe.runner_backend: {alt[0]}" if alt else "choose a checkpoint format this GPU runs",
+            subject="moe.runner_backend", source=rule.source)]
+    if rule.path_kind == "dequant_fallback":
+        alt = [r.runner for r in rules if r.path_kind == "tensor_core" and r.requires_expert_storage is None]
+        return [check(
+            "engine.moe-runner-fallback", "warning", "MoE runs on a dequantizing fallback",
+            f"{label}: {resolved} ({rule.method}), a CUDA-core dequant path{cost_text}{note}{conf}",
+            f"set moe.runner_backend: {alt[0]} (tensor cores)" if alt else
+            "use a checkpoint format with a tensor-core path on this GPU",
+            subject="moe.runner_backend", source=rule.source)]
+    return [check(
+        "engine.moe-runner", "info", "MoE kernel path",
+        f"{label}: {resolved} ({rule.method}), tensor cores{cost_text}{conf}", None,
+        subject="moe.runner_backend", source=rule.source)]
+
+
+def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment, gpu: HostGpu,
+               host: Host) -> list[Check]:
+    cfg = cat.config_of(model)
+    heads = cfg.num_attention_heads.value
+    out: list[Check] = []
+    seen: set[str] = set()
+    for role in dep.roles:
+        attn_tp = max(1, role.tp // max(1, role.attn_dp))
+        facts: dict[str, object] = {
+            "arch": gpu.arch,
+            "expert_format": model.expert_format,
+            "moe_runner": dep.moe_runner_backend,
+            "expert_storage": dep.expert_storage,
+            "heads_per_attn_rank": heads // attn_tp,
+            "dsv4_attn_backend": "auto",
+            "index_topk": dep.index_topk,
+            "long_context": dep.context_length > LONG_CONTEXT_TOKENS,
+            "host_has_rdma": host.rdma,
+        }
+        if dep.transfer_backend is not None:
+            facts["pd_transfer_backend"] = dep.transfer_backend
+        for kb in engine.known_bad_matching(facts):
+            if kb.id in seen:
+                continue
+            seen.add(kb.id)
+            conf = f" [{kb.confidence}]" if kb.confidence == "unconfirmed" else ""
+            note = f" ({kb.note})" if kb.note else ""
+            out.append(check(
+                f"known-bad.{kb.id}", kb.severity, kb.title,
+                f"{kb.title}{conf}; applies to role {role.name}{note}", kb.fix,
+                subject=role.name, source=" ".join(kb.upstream)))
+    return out
+
+
+def _flags(dep: Deployment) -> list[Check]:
+    """Every rendered engine/router command line against the pinned version's flag table."""
+    from orchestrator.render.argv import engine_argv, router_argv
+
+    out: list[Check] = []
+    try:
+        table = load_flag_table(dep.engine_name, dep.engine_version)
+    except UnknownFlagTableError as exc:
+        return [check("engine.flag-table", "error", "no flag table for this engine version",
+                      exc.message, exc.fix, subject="engine.version")]
+    lines: list[tuple[str, list[str], object]] = []
+    try:
+        lines += [(r.name, engine_argv(dep, r), table) for r in dep.roles]
+        if dep.router is not None:
+            rtable = load_flag_table("sglang-router", dep.router_version)
+            lines.append(("router", router_argv(dep), rtable))
+    except UnknownFlagTableError as exc:
+        return [check("engine.flag-table", "error", "no flag table for the router version",
+                      exc.message, exc.fix, subject="engine.router_version")]
+    except DsvError as exc:
+        return [check("engine.render", "error", "command line cannot be rendered", exc.message,
+                      exc.fix, subject="engine")]
+    for role, argv, tbl in lines:
+        for p in tbl.check(argv):  # type: ignore[attr-defined]
+            sev = "error" if p.severity == "error" else "warning"
+            out.append(check(f"engine.flag-{p.kind.replace('_', '-')}", sev,
+                             "command line flag problem", f"role {role}: {p.message}", p.fix,
+                             subject=role))
+    return out
