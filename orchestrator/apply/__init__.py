@@ -1,0 +1,232 @@
+"""Apply, rollback, history, status and unlock: the library behind the host-changing commands.
+
+Each function opens its own SSH connection (:mod:`orchestrator.remote`), works through the steps of
+``playbooks/*.yaml`` (:mod:`.executor`, :mod:`.steps`) and returns a result for the CLI to print;
+nothing here prints or exits. Only this package, the remote layer and ``dsv4ctl``'s command module
+import fabric.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import DsvError
+from orchestrator.planner_model import Plan
+from orchestrator.profile.inventory import Host
+from orchestrator.release.record import ReleaseRecord
+
+Out = Callable[[str], None]
+
+
+def _connect(host_name: str, host: Host) -> Any:
+    from orchestrator.remote.connection import connect
+
+    return connect(host_name, host)
+
+
+def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str,
+               saved: bool) -> Any:
+    """Apply ``plan`` to the host. ``saved``: the plan came from a file, so it is checked for
+    staleness against freshly probed facts (a plan made seconds ago in-process is not)."""
+    from orchestrator.apply.executor import Runner
+    from orchestrator.apply.steps import Context, profile_from_plan
+
+    if plan.host != host_name:
+        raise DsvError(f"the plan is for host '{plan.host}', not '{host_name}'",
+                       fix=f"apply it to its own host: --host {plan.host}")
+    profile = profile_from_plan(plan)
+    remote = _connect(host_name, host)
+    try:
+        ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
+                      now=Runner(out).now, command=command)
+        ctx.plan, ctx.saved_plan = plan, saved
+        ctx.deployment, ctx.profile = plan.deployment, profile
+        return Runner(out).apply(ctx)
+    finally:
+        remote.close()
+
+
+def default_rollback_target(records: list[ReleaseRecord], current: str | None) -> str | None:
+    """The last healthy release before the current one (by sequence)."""
+    from orchestrator.release.ids import sequence
+
+    cur = sequence(current) if current else None
+    ok = [r.id for r in records if r.status == "healthy" and r.id != current
+          and (cur is None or sequence(r.id) < cur)]
+    return max(ok, key=sequence) if ok else None
+
+
+def rollback(host_name: str, host: Host, target: str | None, *, out: Out, command: str) -> Any:
+    from orchestrator.apply.executor import Runner
+    from orchestrator.apply.steps import Context
+    from orchestrator.release.ids import is_release_id
+
+    remote = _connect(host_name, host)
+    try:
+        ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
+                      now=Runner(out).now, command=command)
+        records = ctx.store.read_records()
+        current = ctx.store.current()
+        if target is None:
+            target = default_rollback_target(records, current)
+            if target is None:
+                raise DsvError(f"no healthy release before {current or 'none'} on host "
+                               f"'{host_name}'", fix=f"see `dsv4ctl history --host {host_name}`")
+        elif not is_release_id(target) or target not in {r.id for r in records}:
+            raise DsvError(f"release {target!r} does not exist on host '{host_name}'",
+                           fix=f"pick one from `dsv4ctl history --host {host_name}`")
+        if target == current:
+            out(f"{target} is already current; re-verifying and restarting what is not running")
+        return Runner(out).rollback(ctx, target)
+    finally:
+        remote.close()
+
+
+@dataclass
+class HistoryRow:
+    id: str
+    created: str
+    status: str
+    reason: str
+    current: bool
+    restarted: list[str]
+    events: list[str]
+    failed_step: str | None
+
+
+def history(host_name: str, host: Host) -> list[HistoryRow]:
+    from orchestrator.release.store import ReleaseStore
+
+    with _connect(host_name, host) as remote:
+        store = ReleaseStore(remote, host.install_root)
+        records, current = store.read_records(), store.current()
+    rows = []
+    for r in records:
+        failed = next((e.step + (f": {e.error}" if e.error else "") for e in r.journal
+                       if e.result in ("failed", "interrupted")), None)
+        rows.append(HistoryRow(
+            id=r.id, created=r.created, status=r.status, reason=r.reason, current=r.id == current,
+            restarted=r.restarted_roles, failed_step=failed,
+            events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events]))
+    return rows
+
+
+@dataclass
+class StatusReport:
+    host: str
+    current: str | None
+    current_status: str | None
+    locked_by: str | None
+    roles: list[tuple[str, bool, str]] = field(default_factory=list)  # (role, ok, message)
+    file_drift: list[str] = field(default_factory=list)
+    profile_drift: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.current is not None and all(ok for _, ok, _ in self.roles)
+
+
+def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
+    """Differences between what the profile resolved to and what the engine says it runs."""
+    from orchestrator.render.argv import engine_argv
+
+    out = []
+    for key, want in (("served_model_name", dep.served_name), ("model_path", dep.model_path),
+                      ("tp_size", role.tp), ("port", role.port)):
+        have = info.get(key)
+        if have is not None and str(have) != str(want):
+            out.append(f"{role.name}: {key} is {have!r}, the profile says {want!r}")
+    launch = info.get("launch_command")
+    if isinstance(launch, str):
+        words = shlex.split(launch)
+        first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+        running, wanted = words[first:], engine_argv(dep, role)
+        if running != wanted:
+            extra = sorted(set(running) - set(wanted))[:5]
+            missing = sorted(set(wanted) - set(running))[:5]
+            out.append(f"{role.name}: running command line differs from the release "
+                       f"(only running: {extra or '-'}; only in release: {missing or '-'})")
+    return out
+
+
+def status(host_name: str, host: Host) -> StatusReport:
+    from orchestrator.apply.steps import load_release, role_units
+    from orchestrator.health import evaluate
+    from orchestrator.release.store import MANIFEST, ReleaseStore
+    from orchestrator.remote.lock import is_locked, read_holder
+    from orchestrator.remote.systemd import ServiceManager
+
+    with _connect(host_name, host) as remote:
+        store = ReleaseStore(remote, host.install_root)
+        current = store.current()
+        rep = StatusReport(host=host_name, current=current, current_status=None, locked_by=None)
+        if is_locked(remote, host.install_root):
+            h = read_holder(remote, host.install_root)
+            rep.locked_by = h.describe() if h else "unknown holder"
+        if current is None:
+            return rep
+        rep.current_status = store.read_record(current).status
+        _, dep, _ = load_release(store, current)
+        svc = ServiceManager(remote, host.scope)
+        units = role_units(dep)
+        report = evaluate(remote.http, dep, svc.show(list(units.values())), {})
+        by_role: dict[str, list[Any]] = {}
+        for r in report.results:
+            by_role.setdefault(r.subject, []).append(r)
+        for role, results in by_role.items():
+            bad = [r for r in results if not r.ok]
+            rep.roles.append((role, not bad, "; ".join(f"{r.check}: {r.message}" for r in bad)
+                              or "ready, healthy, serving " + dep.served_name))
+        # files: the release tree against its manifest (someone edited a launch script?)
+        check = store.shell.run(
+            f"cd {shlex.quote(store.path(current))} && python3 -c "
+            + shlex.quote("import json,hashlib,sys\nm=json.load(open('" + MANIFEST + "'))\n"
+                          "for p,v in sorted(m['files'].items()):\n"
+                          "  h=v.get('sha256')\n"
+                          "  try: d=hashlib.sha256(open(p,'rb').read()).hexdigest()\n"
+                          "  except OSError: d=None\n"
+                          "  if h and d!=h: print(p, 'missing' if d is None else 'modified')\n"),
+            timeout=60)
+        rep.file_drift += [line for line in check.stdout.splitlines() if line.strip()]
+        # installed unit files against the release's
+        for unit in units.values():
+            res = remote.run(f"cmp -s {shlex.quote(store.path(current, 'units', unit))} "
+                             f"{_unit_file(host.scope, unit)}", timeout=30)
+            if not res.ok:
+                rep.file_drift.append(f"installed unit {unit} differs from the release's")
+        for role in dep.roles:
+            try:
+                resp = remote.http("GET", role.port, "/server_info", timeout=10)
+                info = resp.json() if resp.status == 200 else None
+            except (OSError, ValueError):
+                info = None
+            if isinstance(info, dict):
+                rep.profile_drift += _server_info_drift(role, dep, info)
+    return rep
+
+
+def _unit_file(scope: str, unit: str) -> str:
+    from orchestrator.remote.systemd import unit_dir_expr
+
+    return f"{unit_dir_expr(scope)}/{shlex.quote(unit)}"
+
+
+def unlock(host_name: str, host: Host, *, force: bool, out: Out) -> bool:
+    """Show the lock holder; with ``force`` end it. Returns whether the lock is free afterwards."""
+    from orchestrator.remote.lock import force_unlock, is_locked, read_holder
+
+    with _connect(host_name, host) as remote:
+        if not is_locked(remote, host.install_root):
+            out(f"host '{host_name}' is not locked")
+            return True
+        holder = read_holder(remote, host.install_root)
+        out(f"host '{host_name}' is locked by: {holder.describe() if holder else 'unknown'}")
+        if not force:
+            out("not unlocking without --force (the holder may still be running)")
+            return False
+        force_unlock(remote, host.install_root)
+        out("lock released")
+        return True

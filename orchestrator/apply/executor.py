@@ -1,0 +1,330 @@
+"""The executor: runs a playbook's steps in order, journals each one, and handles failure.
+
+Owns the failure semantics of apply (issue 4, shared research anchors A.2 #5-6):
+
+- every step is journaled in the release record *as it happens* (start, end, result, error), and the
+  record is rewritten on the host after each step;
+- a failure in a step marked ``on_failure: rollback`` restores the last healthy release with the
+  rollback playbook and its *own* timeout (Helm's shared timeout made rollbacks time out,
+  helm#8675), verifies its health, and journals those steps as ``rollback:<step>``;
+- Ctrl-C is caught: the interrupted step is journaled, the host is brought back to a whole state
+  (the rollback playbook runs with further Ctrl-C deferred), the record says ``interrupted``;
+- the host lock is released on every path (and by the kernel if we die anyway);
+- the result names what was done, what was not, and the exact command to recover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from orchestrator.apply.playbook import Playbook, load_playbook
+from orchestrator.apply.steps import ACTIONS, Context, pick_rollback_target, role_units
+from orchestrator.errors import ApplyFailed, DsvError, Interrupted, RemoteError
+from orchestrator.release.record import ReleaseRecord, utcnow
+
+
+@dataclass
+class Result:
+    """What an apply or rollback did, for the CLI to print."""
+
+    release: str | None
+    status: str  # healthy | no-changes | failed | rolled-back | rollback-failed | interrupted
+    message: str
+    done: list[str] = field(default_factory=list)
+    not_done: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    recovery: str | None = None
+    rolled_back_to: str | None = None
+
+
+class _StepError(Exception):
+    def __init__(self, step: str, on_failure: str, cause: BaseException) -> None:
+        super().__init__(step)
+        self.step = step
+        self.on_failure = on_failure
+        self.cause = cause
+
+
+@contextlib.contextmanager
+def deferred_sigint(out: Callable[[str], None]) -> Iterator[None]:
+    """While restoring a release, a second Ctrl-C must not leave the host half-switched: note it and
+    carry on (the kernel lock still protects the host if the user kills us harder)."""
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, lambda *_: out("  (Ctrl-C ignored: finishing the rollback "
+                                                    "so the host is left serving)"))
+    except ValueError:  # not the main thread: nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None = None
+                 ) -> str | None:
+    """Run the steps; return a finish message if a step ended the playbook early. Raises
+    ``_StepError`` (failure or KeyboardInterrupt) after journaling the remaining steps as not run."""
+    n = len(pb.steps)
+    rec = ctx.record
+    for i, step in enumerate(pb.steps[start:end], start=start):
+        name = ctx.journal_prefix + step.name
+        if step.when is not None:
+            ok, why = ctx.condition(step.when)
+            if not ok:
+                if rec is not None:
+                    rec.finish(rec.begin(name, ctx.now()), "skipped", ctx.now(), detail=why)
+                ctx.out(f"[{i + 1}/{n}] {name}: skipped ({why})")
+                ctx.save_record()
+                continue
+        ctx.out(f"[{i + 1}/{n}] {name}: {step.description}")
+        entry = rec.begin(name, ctx.now()) if rec is not None else None
+        ctx.save_record()
+        try:
+            outcome = ACTIONS[step.action](ctx, step)
+        except (DsvError, KeyboardInterrupt) as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            if rec is not None and entry is not None:
+                rec.finish(entry, "interrupted" if interrupted else "failed", ctx.now(),
+                           error="interrupted (Ctrl-C)" if interrupted else _msg(exc))
+                for later in pb.steps[i + 1:end]:
+                    rec.journal.append(type(entry)(step=ctx.journal_prefix + later.name,
+                                                   start=entry.end or "", end=entry.end,
+                                                   result="not-run"))
+            ctx.out(f"  {'interrupted' if interrupted else 'FAILED'}: "
+                    f"{'Ctrl-C' if interrupted else _msg(exc)}")
+            raise _StepError(step.name, step.on_failure, exc) from exc
+        if rec is not None and entry is not None:
+            rec.finish(entry, "ok" if outcome.result == "ok" else "skipped", ctx.now(),
+                       detail=outcome.detail)
+        if outcome.detail:
+            ctx.out(f"  {outcome.detail}")
+        ctx.save_record()
+        if outcome.finish:
+            return outcome.finish
+    return None
+
+
+def _msg(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, DsvError) else str(exc) or type(exc).__name__
+
+
+def _reconnect(ctx: Context) -> bool:
+    """After a dropped connection: reconnect and retake the lock so the record can be written.
+    Returns False if the host stays unreachable or someone else took the lock meanwhile."""
+    if ctx.remote.alive and (ctx.lock is None or ctx.lock.held):
+        return True
+    from orchestrator.remote.lock import HostLock
+
+    with contextlib.suppress(Exception):
+        ctx.remote.close()
+    try:
+        ctx.remote.connect()
+        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command + " (recording)")
+        ctx.lock.acquire()
+        return True
+    except DsvError as exc:
+        ctx.out(f"  cannot reach the host again to record the outcome: {exc.message}")
+        return False
+
+
+def _summary(rec: ReleaseRecord | None) -> tuple[list[str], list[str]]:
+    if rec is None:
+        return [], []
+    done = [f"{e.step}: {e.detail}" if e.detail else e.step for e in rec.journal
+            if e.result in ("ok", "skipped")]
+    not_done = [f"{e.step} ({e.result}{': ' + e.error if e.error else ''})" for e in rec.journal
+                if e.result in ("failed", "interrupted", "not-run", "running")]
+    return done, not_done
+
+
+def restore(ctx: Context, target: str | None, reason: str) -> tuple[bool, str]:
+    """Bring back ``target`` after a failed or interrupted apply (rollback playbook, own timeout).
+    Returns (restored and healthy, what happened)."""
+    failed_release = ctx.target
+    new_deployment = ctx.deployment
+    if target is None:
+        # First release on this host, or no healthy one left: take the failed release's units down
+        # rather than leave a broken one half-running, and say so.
+        units = list(role_units(new_deployment).values())
+        with contextlib.suppress(DsvError):
+            ctx.svc.stop(list(reversed(units)))
+        return False, ("no earlier healthy release to roll back to; the new release's units were "
+                       "stopped")
+    ctx.out(f"Rolling back to {target} ({reason}); rollback budget {ctx.rollback_timeout_s:.0f}s")
+    sub = Context(remote=ctx.remote, host_name=ctx.host_name, host=ctx.host, out=ctx.out,
+                  now=ctx.now, command=ctx.command, lock=ctx.lock, record=ctx.record,
+                  persist=ctx.persist, journal_prefix="rollback:", target=target,
+                  from_release=failed_release if ctx.switched else ctx.from_release,
+                  from_files=ctx.target_files, from_deployment=new_deployment,
+                  rollback_timeout_s=ctx.rollback_timeout_s)
+    pb = load_playbook("rollback", set(ACTIONS))
+    try:
+        run_playbook(pb, sub)
+    except _StepError as err:
+        return False, f"rollback step {err.step} failed: {_msg(err.cause)}"
+    return True, f"{target} restored and healthy ({sub.health or 'checks pass'})"
+
+
+@dataclass
+class Runner:
+    """Shared plumbing of apply and rollback for the CLI."""
+
+    out: Callable[[str], None]
+    now: Callable[[], datetime] = utcnow
+
+    def apply(self, ctx: Context) -> Result:
+        from orchestrator.release.ids import new_release_id
+        from orchestrator.release.record import plan_id
+
+        assert ctx.plan is not None and ctx.profile is not None
+        pb = load_playbook("apply", set(ACTIONS))
+        ctx.rollback_timeout_s = float(ctx.profile.rollout.rollback_timeout_s)
+        pid = plan_id(ctx.plan)
+        host = ctx.host_name
+        try:
+            # preflight runs before the release (and its record) exists; its journal entry is
+            # kept in memory and written with the record
+            ctx.record = ReleaseRecord(id="pending", created="", host=host,
+                                       deployment=ctx.plan.deployment.name,
+                                       profile_name=ctx.plan.profile_name, plan_id=pid,
+                                       base_release=ctx.plan.current_release)
+            try:
+                finish = run_playbook(pb, ctx, end=1)
+            except _StepError as err:
+                raise err.cause from None
+            if finish:
+                return Result(None, "no-changes", finish)
+            now = self.now()
+            ctx.target = new_release_id([r.id for r in ctx.records], now, pid)
+            ctx.record = ctx.record.model_copy(update={
+                "id": ctx.target, "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "base_release": ctx.from_release,
+                "restarted_roles": sorted(ctx.roles_to_restart),
+                "user": _who()[0],
+                "controller": _who()[1]})
+            ctx.persist = True
+            ctx.save_record()
+            self.out(f"Release {ctx.target} (base {ctx.from_release or 'none'})")
+            try:
+                run_playbook(pb, ctx, start=1)
+            except _StepError as err:
+                return self._after_failure(ctx, err)
+            done, _ = _summary(ctx.record)
+            return Result(ctx.target, "healthy", f"Apply complete: {ctx.target} is healthy.",
+                          done=done)
+        finally:
+            if ctx.lock is not None:
+                ctx.lock.release()
+
+    def _after_failure(self, ctx: Context, err: _StepError) -> Result:
+        rec = ctx.record
+        assert rec is not None and ctx.profile is not None
+        interrupted = isinstance(err.cause, KeyboardInterrupt)
+        host = ctx.host_name
+        what = "interrupted (Ctrl-C)" if interrupted else _msg(err.cause)
+        if isinstance(err.cause, RemoteError) and not _reconnect(ctx):
+            done, not_done = _summary(rec)
+            return Result(ctx.target, "failed", f"{err.step} failed: {what}; the host could not "
+                          "be reached again to record it", done=done, not_done=not_done,
+                          recovery=f"dsv4ctl status --host {host}")
+        restored, how = True, ""
+        target = None
+        if err.on_failure == "rollback":
+            if not ctx.profile.rollout.rollback_on_failure and not interrupted:
+                restored, how = False, "automatic rollback is off (rollout.rollback_on_failure)"
+            else:
+                records = ctx.store.read_records()
+                target = pick_rollback_target(records, ctx.from_release, ctx.target)
+                rec.rollback_target = target
+                ctx.save_record()
+                with deferred_sigint(self.out):
+                    restored, how = restore(ctx, target, f"{err.step} {what}")
+        else:
+            with contextlib.suppress(DsvError):
+                ctx.store.clean_temp()
+        if interrupted:
+            rec.status = "interrupted"
+        elif err.on_failure == "abort":
+            rec.status = "failed"
+        else:
+            rec.status = "rolled-back" if restored else "rollback-failed"
+        with contextlib.suppress(DsvError):
+            ctx.save_record()
+        done, not_done = _summary(rec)
+        if err.on_failure == "abort":
+            msg = (f"{err.step} {what}; nothing serving was changed "
+                   f"({ctx.from_release or 'no release'} is still current)")
+            recovery = f"fix the cause, then re-run: {ctx.command}"
+            status = "interrupted" if interrupted else "failed"
+        elif restored:
+            msg = f"{err.step} {what}; rolled back: {how}"
+            recovery = f"dsv4ctl history --host {host}   # then fix the profile and re-apply"
+            status = "interrupted" if interrupted else "rolled-back"
+        else:
+            msg = f"{err.step} {what}; rollback failed: {how}"
+            recovery = (f"dsv4ctl rollback {target} --host {host}" if target else
+                        f"dsv4ctl status --host {host}   # nothing healthy to roll back to")
+            status = "interrupted" if interrupted else "rollback-failed"
+        return Result(ctx.target, status, msg, done=done, not_done=not_done, recovery=recovery,
+                      rolled_back_to=target if restored else None)
+
+    def rollback(self, ctx: Context, target: str) -> Result:
+        """Explicit ``dsv4ctl rollback``: journaled into the target's record as rollback:<step>."""
+        from orchestrator.remote.lock import HostLock
+
+        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
+        ctx.lock.acquire()
+        try:
+            ctx.from_release = ctx.store.current()
+            if ctx.from_release is not None:
+                from orchestrator.apply.steps import load_release
+
+                ctx.from_files, ctx.from_deployment, prof = load_release(ctx.store,
+                                                                         ctx.from_release)
+                ctx.rollback_timeout_s = float(prof.rollout.rollback_timeout_s)
+            ctx.target = target
+            ctx.record = ctx.store.read_record(target)
+            ctx.persist = True
+            ctx.journal_prefix = "rollback:"
+            pb = load_playbook("rollback", set(ACTIONS))
+            try:
+                with deferred_sigint(self.out):
+                    run_playbook(pb, ctx)
+            except _StepError as err:
+                done, not_done = _summary(ctx.record)
+                return Result(target, "rollback-failed",
+                              f"rollback to {target} failed at {err.step}: {_msg(err.cause)}",
+                              done=done, not_done=not_done,
+                              recovery=f"dsv4ctl status --host {ctx.host_name}")
+            return Result(target, "healthy", f"Rolled back: {target} is current and healthy.",
+                          rolled_back_to=target)
+        finally:
+            ctx.lock.release()
+
+
+def _who() -> tuple[str, str]:
+    import getpass
+    import socket
+
+    return getpass.getuser(), socket.gethostname()
+
+
+def raise_for(result: Result) -> None:
+    """Map a non-successful result to the documented exit codes (the CLI boundary prints it)."""
+    if result.status in ("healthy", "no-changes"):
+        return
+    if result.status == "interrupted":
+        raise Interrupted(result.message, fix=result.recovery)
+    if result.status == "failed":
+        raise DsvError(result.message, fix=result.recovery)
+    raise ApplyFailed(result.message, rolled_back=result.status == "rolled-back",
+                      fix=result.recovery)
+
+
+__all__ = ["Result", "Runner", "raise_for", "restore", "run_playbook"]

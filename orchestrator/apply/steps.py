@@ -1,0 +1,539 @@
+"""The step implementations that ``playbooks/*.yaml`` name, and the state they share.
+
+A step is a function ``(ctx, step) -> Outcome``. It reads and changes :class:`Context` and raises a
+typed :class:`~orchestrator.errors.DsvError` on failure; the executor (:mod:`.executor`) journals,
+persists the record and decides about rollback. Steps never print: they report through
+``ctx.out``.
+
+The same steps serve apply and rollback because both are one *transition*: from the files the
+host runs now (``from_files``) to a target release on the host (``target_files``). Only roles whose
+files differ are stopped and restarted; roles that are not running are started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import shlex
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from orchestrator.deployment import Deployment
+from orchestrator.errors import DsvError, RemoteError, StalePlan
+from orchestrator.facts import Facts
+from orchestrator.planner_model import Plan
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.schema import Profile
+from orchestrator.release.record import Event, ReleaseRecord, last_healthy, plan_id, stamp
+from orchestrator.release.store import MANIFEST, PLAN, ReleaseStore, release_files
+from orchestrator.remote.connection import RemoteHost
+from orchestrator.remote.lock import HostLock
+from orchestrator.remote.systemd import ServiceManager
+
+ENGINE_ORDER = ("prefill", "decode", "engine")  # start engines before the router
+
+
+class StepFailed(DsvError):
+    """A step's own failure (health, smoke, self-test); the executor decides what follows."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    sha256: str | None
+    roles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: str = "ok"  # ok | skipped
+    detail: str | None = None
+    finish: str | None = None  # stop the playbook successfully with this message
+
+
+def manifest_files(doc: dict[str, Any]) -> dict[str, FileInfo]:
+    files = doc.get("files", {}) if isinstance(doc, dict) else {}
+    return {p: FileInfo(v.get("sha256"), tuple(v.get("roles", ()))) for p, v in files.items()}
+
+
+def changed_roles(a: dict[str, FileInfo], b: dict[str, FileInfo]) -> set[str]:
+    """Roles whose inputs differ between two manifests (added, removed or changed files)."""
+    roles: set[str] = set()
+    for path in a.keys() | b.keys():
+        fa, fb = a.get(path), b.get(path)
+        if fa is None or fb is None or fa.sha256 != fb.sha256:
+            roles.update(fa.roles if fa else ())
+            roles.update(fb.roles if fb else ())
+    return roles
+
+
+def role_units(dep: Deployment | None) -> dict[str, str]:
+    """role -> unit name, engines first, router last (start order; reverse for stop)."""
+    if dep is None:
+        return {}
+    out = {r.name: r.unit for r in sorted(dep.roles, key=lambda r: ENGINE_ORDER.index(r.name))}
+    if dep.router is not None:
+        out["router"] = dep.router.unit
+    return out
+
+
+@dataclass
+class Context:
+    remote: RemoteHost
+    host_name: str
+    host: Host
+    out: Callable[[str], None]
+    now: Callable[[], datetime]
+    command: str
+    store: ReleaseStore = field(init=False)
+    svc: ServiceManager = field(init=False)
+    lock: HostLock | None = None
+    record: ReleaseRecord | None = None
+    persist: bool = False
+    journal_prefix: str = ""
+    # the transition
+    target: str | None = None
+    target_files: dict[str, FileInfo] = field(default_factory=dict)
+    deployment: Deployment | None = None
+    profile: Profile | None = None
+    from_release: str | None = None
+    from_files: dict[str, FileInfo] = field(default_factory=dict)
+    from_deployment: Deployment | None = None
+    # apply only
+    plan: Plan | None = None
+    saved_plan: bool = False
+    tree: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    manifest_sha: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)
+    # what happened
+    roles_to_restart: set[str] = field(default_factory=set)
+    stopped: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    switched: bool = False
+    rollback_timeout_s: float = 1800.0
+    health: str = ""
+    records: list[ReleaseRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.store = ReleaseStore(self.remote, self.host.install_root)
+        self.svc = ServiceManager(self.remote, self.host.scope)
+
+    def condition(self, name: str) -> tuple[bool, str]:
+        assert self.deployment is not None and self.profile is not None
+        if name == "kernels_enabled":
+            return self.deployment.kernels_enabled, "kernels.enabled is false in the profile"
+        if name == "qualify_configured":
+            return self.profile.health.qualify is not None, "health.qualify is not set"
+        raise KeyError(name)
+
+    def timeout(self, name: str | None) -> float:
+        assert self.profile is not None
+        if name == "rollback":
+            return self.rollback_timeout_s
+        return float(self.profile.health.startup_timeout_s)
+
+    def save_record(self) -> None:
+        if self.persist and self.record is not None:
+            self.store.write_record(self.record)
+
+
+# ------------------------------------------------------------------------------------ loading ---
+
+def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, FileInfo], Deployment,
+                                                                 Profile]:
+    """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
+    from orchestrator.profile.loader import load_text
+
+    files = manifest_files(store.manifest_doc(release_id))
+    plan = Plan.model_validate_json(store.read_file(release_id, PLAN))
+    profile = load_text(Profile, store.read_file(release_id, "profile.yaml"),
+                        f"{release_id}/profile.yaml")
+    return files, plan.deployment, profile
+
+
+def profile_from_plan(plan: Plan) -> Profile:
+    from orchestrator.profile.loader import load_text
+
+    for f in plan.files:
+        if f.path == "profile.yaml" and f.content is not None:
+            return load_text(Profile, f.content, "plan:profile.yaml")
+    raise StalePlan("the plan carries no profile.yaml (plan saved without file contents?)",
+                    fix="re-create it with `dsv4ctl plan --host NAME -o plan.json`")
+
+
+def resolve_secrets(profile: Profile) -> dict[str, str]:
+    """Read the profile's secret refs on the controller. Values never enter a plan, a record or
+    output; only the names do."""
+    import os
+
+    out: dict[str, str] = {}
+    for name, ref in sorted(profile.secrets.items()):
+        if ref.env is not None:
+            value = os.environ.get(ref.env)
+            if value is None:
+                raise DsvError(f"secret {name}: environment variable {ref.env} is not set on the "
+                               "controller", fix=f"export {ref.env}=... before `dsv4ctl apply`")
+        else:
+            assert ref.file is not None
+            try:
+                value = Path(ref.file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise DsvError(f"secret {name}: cannot read {ref.file}: {exc.strerror}",
+                               fix="check the path and permissions of the secret file") from exc
+        out[name] = value
+    return out
+
+
+def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, str], str]:
+    """The release tree (files + manifest.json + plan.json), the manifest's hashes and its text."""
+    files = release_files(plan.files)
+    if MANIFEST in files:
+        manifest_text = files[MANIFEST][0].decode()
+    else:  # a plan without the manifest: build it the way the renderer does
+        manifest_text = json.dumps({
+            "format": 1, "deployment": plan.deployment.name,
+            "files": {p: {"mode": f"{m:04o}", "roles": list(r), "sensitive": False,
+                          "sha256": hashlib.sha256(d).hexdigest()}
+                      for p, (d, m, r) in sorted(files.items())},
+        }, indent=2, sort_keys=True) + "\n"
+    doc = json.loads(manifest_text)
+    hashes = {p: v["sha256"] for p, v in doc["files"].items() if v.get("sha256")}
+    tree = {p: (d, m) for p, (d, m, _) in files.items()}
+    tree[MANIFEST] = (manifest_text.encode(), 0o644)
+    tree[PLAN] = (plan.model_dump_json(indent=2).encode() + b"\n", 0o644)
+    for p, h in hashes.items():
+        if p not in tree or hashlib.sha256(tree[p][0]).hexdigest() != h:
+            raise StalePlan(f"the plan's manifest and its files disagree on {p}",
+                            fix="re-create the plan with `dsv4ctl plan -o`")
+    return tree, hashes, manifest_text
+
+
+# ---------------------------------------------------------------------------------- preflight ---
+
+def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -> str | None:
+    """Why a saved plan no longer matches the host, or None. ``facts`` were probed with the
+    profile's checkpoint path; the planner may have probed without it (``gather_facts`` without
+    ``model_paths``), so the fingerprint of that narrower probe is accepted too."""
+    from orchestrator.remote.probes import probe_paths
+
+    if plan.facts_source != "probed":
+        return ("the plan was made from the inventory's declared facts, not from the live host; "
+                "apply needs a plan made against the host")
+    if plan.current_release != facts.current_release:
+        return (f"the host's current release is {facts.current_release or 'none'}, the plan was "
+                f"made against {plan.current_release or 'none'}")
+    prints = {facts.fingerprint()}
+    if model_path:
+        disks, models = probe_paths(host, ())
+        narrow = facts.model_copy(update={
+            "models": [m for m in facts.models if m.path in models],
+            "disks": [d for d in facts.disks if d.path in disks],
+        })
+        prints.add(narrow.fingerprint())
+    if plan.facts_fingerprint not in prints:
+        return "the host's facts (GPUs, disks, models, ports or units) changed since planning"
+    return None
+
+
+def preflight(ctx: Context, step: Any) -> Outcome:
+    from orchestrator.remote.probes import collect_facts
+
+    plan = ctx.plan
+    assert plan is not None and ctx.deployment is not None and ctx.profile is not None
+    if plan.errors:
+        raise DsvError(f"the plan has {len(plan.errors)} error check(s): "
+                       + "; ".join(c.id for c in plan.errors),
+                       fix="fix the profile (see `dsv4ctl plan`); nothing was changed")
+    ctx.secrets = resolve_secrets(ctx.profile)
+    ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan)
+    if ctx.saved_plan:
+        ctx.out("  probing the host to check the saved plan is still current")
+        facts = collect_facts(ctx.remote, ctx.host_name, ctx.host,
+                              model_paths=[ctx.deployment.model_path])
+        why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
+        if why:
+            raise StalePlan(f"saved plan is stale: {why}",
+                            fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} -o PLAN.json")
+    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
+    ctx.lock.acquire()
+    ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
+    ctx.store.ensure_layout()
+    ctx.store.clean_temp()
+    current = ctx.store.current()
+    if current != plan.current_release:  # changed between planning/probing and the lock
+        raise StalePlan(f"the host's current release is {current or 'none'}, the plan was made "
+                        f"against {plan.current_release or 'none'}",
+                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+    ctx.records = ctx.store.read_records()
+    pid = plan_id(plan)
+    done = [r for r in ctx.records if r.plan_id == pid]
+    if done and ctx.saved_plan:
+        raise StalePlan(f"this plan was already applied as release {done[-1].id} "
+                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+    ctx.from_release = current
+    if current is not None:
+        ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
+    ctx.target_files = manifest_files(json.loads(ctx.tree[MANIFEST][0]))
+    ctx.roles_to_restart = changed_roles(ctx.from_files, ctx.target_files)
+    units = role_units(ctx.deployment)
+    states = ctx.svc.show(list(units.values()))
+    not_running = sorted(r for r, u in units.items() if not (states.get(u) and states[u].running))
+    if not ctx.roles_to_restart and not not_running and current is not None:
+        return Outcome(finish="No changes.", detail="release files identical, all units running")
+    parts = []
+    if ctx.roles_to_restart:
+        parts.append("restart " + ", ".join(sorted(ctx.roles_to_restart)))
+    if not_running:
+        parts.append("start " + ", ".join(not_running))
+    return Outcome(detail="; ".join(parts) or "files change, no restarts")
+
+
+def rollback_preflight(ctx: Context, step: Any) -> Outcome:
+    assert ctx.target is not None
+    for rel in (MANIFEST, PLAN, "profile.yaml"):
+        if not ctx.store.exists(ctx.target, rel):
+            raise StepFailed(f"release {ctx.target} is incomplete on the host: {rel} is missing",
+                             fix="pick another release from `dsv4ctl history`")
+    ctx.target_files, ctx.deployment, ctx.profile = load_release(ctx.store, ctx.target)
+    missing = [p for p in ctx.target_files if p.startswith("units/")
+               and not ctx.store.exists(ctx.target, p)]
+    if missing:
+        raise StepFailed(f"release {ctx.target} lacks {', '.join(missing)}")
+    ctx.roles_to_restart = changed_roles(ctx.from_files, ctx.target_files)
+    return Outcome(detail=f"{ctx.from_release or 'none'} -> {ctx.target}; restart "
+                          f"{', '.join(sorted(ctx.roles_to_restart)) or 'nothing'}")
+
+
+# ----------------------------------------------------------------------------- upload/kernels ---
+
+def upload_release(ctx: Context, step: Any) -> Outcome:
+    assert ctx.target is not None and ctx.deployment is not None
+    total = sum(len(d) for d, _ in ctx.tree.values())
+    ctx.store.upload(ctx.target, ctx.tree, ctx.manifest_sha)
+    root = shlex.quote(ctx.host.install_root)
+    ctx.remote.check(f"mkdir -p {root}/logs", timeout=30, what="creating the log dir")
+    if ctx.secrets:
+        ctx.store.write_secrets(ctx.deployment.name, ctx.secrets)
+    return Outcome(detail=f"{len(ctx.tree)} files, {total} bytes"
+                   + (f"; secrets file with {len(ctx.secrets)} value(s)" if ctx.secrets else ""))
+
+
+def kernels_source() -> Path:
+    from orchestrator.paths import _PACKAGE
+
+    for cand in (_PACKAGE / "_data" / "kernels", _PACKAGE.parent / "kernels"):
+        if (cand / "pyproject.toml").is_file():
+            return cand
+    raise StepFailed("the bundled kernels package (kernels/) is not part of this dsv4ctl install",
+                     fix="install dsv4ctl from a source checkout, or set kernels.enabled: false")
+
+
+def install_kernels(ctx: Context, step: Any) -> Outcome:
+    assert ctx.deployment is not None
+    src = kernels_source()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for p in sorted(src.rglob("*")):
+            rel = p.relative_to(src)
+            if p.is_file() and not any(part in ("__pycache__", "tests") or part.endswith(
+                    ".egg-info") for part in rel.parts):
+                tar.add(p, arcname=f"kernels/{rel}", recursive=False)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    root = ctx.host.install_root
+    dest = f"{root}/kernels/{digest}"
+    tgz = f"{root}/.incoming/kernels-{digest}.tar.gz"
+    ctx.remote.check(f"mkdir -p {shlex.quote(root)}/.incoming {shlex.quote(dest)}", timeout=30)
+    ctx.remote.put_bytes(data, tgz, mode=0o600)
+    py = shlex.quote(f"{ctx.deployment.engine_env}/bin/python")
+    ctx.remote.check(f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(dest)} && rm -f {shlex.quote(tgz)}",
+                     timeout=120, what="unpacking the kernels package")
+    ctx.out(f"  pip install dsv4-kernels ({digest}) into {ctx.deployment.engine_env}")
+    ctx.remote.check(f"{py} -m pip install --no-deps --no-build-isolation --quiet "
+                     f"{shlex.quote(dest + '/kernels')}", timeout=600,
+                     what="installing the kernels into the engine env")
+    if not ctx.deployment.kernels_selftest:
+        return Outcome(detail=f"installed {digest}; self-test disabled (kernels.selftest: false)")
+    res = ctx.remote.run(f"{py} -m dsv4_kernels.selftest", timeout=1800)
+    summary = res.stdout.strip().splitlines()[-1][:300] if res.stdout.strip() else ""
+    if res.rc != 0:
+        raise StepFailed(f"kernel self-test failed (exit {res.rc}): {summary or res.stderr[-300:]}",
+                         fix="see the self-test JSON; set kernels.enabled: false to deploy without "
+                             "the custom kernels")
+    return Outcome(detail=f"installed {digest}; self-test passed: {summary}")
+
+
+# ------------------------------------------------------------------------- stop/switch/start ---
+
+def stop_changed(ctx: Context, step: Any) -> Outcome:
+    old = role_units(ctx.from_deployment)
+    new = role_units(ctx.deployment)
+    stop = [u for r, u in old.items() if r in ctx.roles_to_restart or u not in new.values()]
+    # a unit of the new deployment may run under a name the old one did not have (renamed
+    # deployment); never leave a changed role running
+    stop += [u for r, u in new.items() if r in ctx.roles_to_restart and u not in stop]
+    stop = list(reversed(stop))  # router first, then decode, prefill
+    stop = ctx.svc.stop(stop) if stop else []
+    if not stop:
+        return Outcome(detail="nothing to stop")
+    ctx.stopped = stop
+    return Outcome(detail="stopped " + ", ".join(stop))
+
+
+def switch_current(ctx: Context, step: Any) -> Outcome:
+    assert ctx.target is not None
+    ctx.store.switch(ctx.target)
+    ctx.switched = True
+    return Outcome(detail=f"current -> releases/{ctx.target}")
+
+
+def install_units(ctx: Context, step: Any) -> Outcome:
+    assert ctx.target is not None
+    new = list(role_units(ctx.deployment).values())
+    gone = [u for u in role_units(ctx.from_deployment).values() if u not in new]
+    if gone:
+        ctx.svc.stop(gone)
+        ctx.remote.run(f"{ctx.svc.ctl} disable {' '.join(shlex.quote(u) for u in gone)}",
+                       timeout=60)
+        ctx.svc.remove_units(gone)
+    ctx.svc.install_units(ctx.store.path(ctx.target, "units"), new)
+    ctx.svc.daemon_reload()
+    ctx.remote.run(f"{ctx.svc.ctl} enable {' '.join(shlex.quote(u) for u in new)}", timeout=60)
+    return Outcome(detail=f"installed {', '.join(new)}" + (f"; removed {', '.join(gone)}"
+                                                           if gone else ""))
+
+
+def start_units(ctx: Context, step: Any) -> Outcome:
+    units = role_units(ctx.deployment)
+    states = ctx.svc.show(list(units.values()))
+    start = [u for r, u in units.items()
+             if r in ctx.roles_to_restart or not (states.get(u) and states[u].running)]
+    if not start:
+        return Outcome(detail="nothing to start")
+    ctx.svc.reset_failed(start)
+    ctx.svc.start(start)
+    ctx.started = start
+    return Outcome(detail="started " + ", ".join(start))
+
+
+# ------------------------------------------------------------------------------------ health ---
+
+def wait_healthy(ctx: Context, step: Any) -> Outcome:
+    from orchestrator.health import wait_healthy as wait
+
+    assert ctx.deployment is not None and ctx.profile is not None
+    units = list(role_units(ctx.deployment).values())
+    baseline = {u: s.restarts for u, s in ctx.svc.show(units).items() if u not in ctx.started}
+    timeout = ctx.timeout(getattr(step, "timeout", None))
+    poll = ctx.profile.health.poll_interval_s
+    ctx.out(f"  startup phase: up to {timeout:.0f}s (health.startup_timeout_s), polling every "
+            f"{poll:g}s")
+    report = wait(ctx.remote.http, ctx.deployment, lambda: ctx.svc.show(units),
+                  timeout_s=timeout, poll_s=poll, baseline_restarts=baseline,
+                  progress=ctx.out, settle_s=max(poll, 2.0))
+    ctx.health = report.summary()
+    if not report.ok:
+        raise StepFailed(f"not healthy after {report.elapsed_s:.0f}s: {report.summary()}",
+                         fix=f"see the engine logs in {ctx.host.install_root}/logs/ on the host")
+    return Outcome(detail=f"healthy after {report.elapsed_s:.0f}s")
+
+
+def smoke_generate(ctx: Context, step: Any) -> Outcome:
+    from orchestrator.health import smoke_generate as smoke
+
+    assert ctx.deployment is not None and ctx.profile is not None
+    res = smoke(ctx.remote.http, ctx.deployment, ctx.profile.health.smoke_prompt,
+                ctx.profile.health.smoke_max_tokens)
+    if not res.ok:
+        raise StepFailed(f"smoke generation failed: {res.message}")
+    return Outcome(detail=res.message)
+
+
+def qualify(ctx: Context, step: Any) -> Outcome:
+    assert ctx.deployment is not None and ctx.profile is not None
+    cfg = ctx.profile.health.qualify
+    assert cfg is not None
+    from orchestrator.probes.qualify import run_qualification  # issue 6; imported only when used
+
+    port = ctx.deployment.router.port if ctx.deployment.router else ctx.deployment.roles[0].port
+    with ctx.remote.forward(port) as local_port:
+        res = run_qualification(f"http://127.0.0.1:{local_port}", ctx.deployment, cfg)
+    figures = ", ".join(f"{k}={v}" for k, v in sorted(res.figures.items()))
+    if not res.passed:
+        if cfg.on_fail == "keep":
+            return Outcome(detail=f"FAILED but kept (on_fail: keep): {res.reason}; {figures}")
+        raise StepFailed(f"qualification failed: {res.reason} ({figures})")
+    return Outcome(detail=f"passed: {figures}")
+
+
+# ------------------------------------------------------------------------------------ record ---
+
+def record_healthy(ctx: Context, step: Any) -> Outcome:
+    assert ctx.record is not None and ctx.profile is not None
+    ctx.record.status = "healthy"
+    ctx.save_record()
+    pruned = ctx.store.prune(ctx.profile.rollout.keep_releases, last_healthy=ctx.record.id)
+    return Outcome(detail="pruned " + ", ".join(pruned) if pruned else "nothing to prune")
+
+
+def record_rollback(ctx: Context, step: Any) -> Outcome:
+    """Mark both sides of a rollback: the target serves again (healthy), the source was left.
+    The record being journaled (``ctx.record``) is changed in memory, the other one on the host."""
+    assert ctx.target is not None
+    t = stamp(ctx.now())
+    own = ctx.record
+
+    def update(release: str, change: Callable[[ReleaseRecord], None]) -> None:
+        if own is not None and own.id == release:
+            change(own)
+            return
+        with contextlib.suppress(DsvError):
+            rec = ctx.store.read_record(release)
+            change(rec)
+            ctx.store.write_record(rec)
+
+    def to(rec: ReleaseRecord) -> None:
+        rec.status = "healthy"
+        rec.events.append(Event(time=t, kind="rollback-to", other=ctx.from_release,
+                                detail=ctx.health or None))
+
+    update(ctx.target, to)
+    if ctx.from_release and ctx.from_release != ctx.target:
+        update(ctx.from_release, lambda rec: rec.events.append(
+            Event(time=t, kind="rolled-back-from", other=ctx.target)))
+    return Outcome(detail=f"{ctx.target} serves again")
+
+
+ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
+    "preflight": preflight,
+    "rollback_preflight": rollback_preflight,
+    "upload_release": upload_release,
+    "install_kernels": install_kernels,
+    "stop_changed": stop_changed,
+    "switch_current": switch_current,
+    "install_units": install_units,
+    "start_units": start_units,
+    "wait_healthy": wait_healthy,
+    "smoke_generate": smoke_generate,
+    "qualify": qualify,
+    "record_healthy": record_healthy,
+    "record_rollback": record_rollback,
+}
+
+
+def pick_rollback_target(records: list[ReleaseRecord], base: str | None, failed: str | None
+                         ) -> str | None:
+    """The release to restore after a failed apply: the one that was serving when it started if it
+    was healthy, else the newest healthy one (never the failed release)."""
+    by_id = {r.id: r for r in records}
+    if base and base != failed and by_id.get(base) and by_id[base].status == "healthy":
+        return base
+    return last_healthy(records, exclude=[x for x in (failed,) if x])
+
+
+__all__ = ["ACTIONS", "Context", "Outcome", "RemoteError", "StepFailed"]

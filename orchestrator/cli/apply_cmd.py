@@ -1,0 +1,281 @@
+"""`dsv4ctl apply`, `rollback`, `history`, `status` and `unlock`: the commands that touch a host.
+
+Thin adapters over :mod:`orchestrator.apply`: find the host (inventory), call the library, print the
+result. Failures come back as results and are mapped to the documented exit codes by raising the
+typed errors the CLI boundary (:func:`orchestrator.cli.main`) knows. fabric is imported only inside
+the command bodies.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.errors import DsvError, ExitCode, InputError, Problem
+
+_inventory_opt = click.option(
+    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    envvar="DSV4CTL_INVENTORY", show_envvar=True,
+    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
+_host_opt = click.option("--host", "host_name", metavar="NAME", default=None,
+                         help="Inventory host (default: the profile's host).")
+
+
+def _echo(line: str) -> None:
+    click.echo(line)
+    sys.stdout.flush()
+
+
+def _command_line() -> str:
+    return "dsv4ctl " + " ".join(sys.argv[1:]) if sys.argv else "dsv4ctl"
+
+
+def _find_inventory(inventory: Path | None, near: Path | None) -> Path:
+    if inventory is not None:
+        return inventory
+    candidates = ([near.parent / "inventory.yaml"] if near is not None else []) + [
+        Path("inventory.yaml")]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise InputError(kind="inventory", problems=[Problem(
+        path="", message="no inventory file found (looked for "
+        + ", ".join(str(c) for c in candidates) + ")",
+        fix="pass --inventory PATH or set DSV4CTL_INVENTORY")])
+
+
+def resolve_host(profile_path: Path | None, inventory: Path | None, host_name: str | None
+                 ) -> tuple[str, Any]:
+    """(host name, Host) from --host / the profile's host, looked up in the inventory (an inline
+    host in the profile needs no inventory)."""
+    from orchestrator.profile import load_inventory, load_profile
+    from orchestrator.profile.inventory import Host
+
+    if profile_path is not None and host_name is None:
+        prof = load_profile(profile_path)
+        if isinstance(prof.host, Host):
+            return prof.name, prof.host
+        host_name = prof.host
+    if host_name is None:
+        raise DsvError("which host?", fix="pass a PROFILE or --host NAME")
+    inv = load_inventory(_find_inventory(inventory, profile_path))
+    if host_name not in inv.hosts:
+        raise DsvError(f"host '{host_name}' is not in the inventory",
+                       fix="known hosts: " + ", ".join(sorted(inv.hosts)))
+    return host_name, inv.hosts[host_name]
+
+
+def _load_plan(path: Path) -> Any:
+    from pydantic import ValidationError
+
+    from orchestrator.planner_model import PLAN_FORMAT, Plan
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DsvError(f"cannot read plan {path}: {exc.strerror}") from exc
+    try:
+        plan = Plan.model_validate_json(text)
+    except ValidationError as exc:
+        raise DsvError(f"{path} is not a dsv4ctl plan (format {PLAN_FORMAT}): "
+                       f"{exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}",
+                       fix="create it with `dsv4ctl plan --host NAME -o plan.json`") from None
+    if any(f.content is None and not f.sensitive for f in plan.files):
+        raise DsvError(f"{path} holds no file contents", fix="save plans with `dsv4ctl plan -o`")
+    return plan
+
+
+def _is_plan_file(path: Path) -> bool:
+    if path.suffix == ".json":
+        return True
+    try:
+        with path.open("rb") as fh:
+            return fh.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False
+
+
+def _print_result(res: Any) -> None:
+    from orchestrator.apply.executor import raise_for
+
+    if res.status in ("healthy", "no-changes"):
+        _echo(res.message)
+        return
+    _echo("")
+    _echo(f"Apply {res.status.upper()}: {res.message}")
+    if res.done:
+        _echo("Done:")
+        for d in res.done:
+            _echo(f"  ✓ {d}")
+    if res.not_done:
+        _echo("Not done:")
+        for d in res.not_done:
+            _echo(f"  ✗ {d}")
+    if res.release:
+        _echo(f"The journal is in releases/{res.release}/record.json on the host.")
+    if res.recovery:
+        _echo(f"To recover: {res.recovery}")
+    raise_for(res)
+
+
+@click.command()
+@click.argument("source", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@_inventory_opt
+@_host_opt
+def apply(source: Path | None, inventory: Path | None, host_name: str | None) -> int:
+    """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
+
+    \b
+    SOURCE is a profile (planned now, against the live host) or a plan saved with
+    `dsv4ctl plan --host NAME -o plan.json` (refused if the host changed since, or if it was
+    already applied). Steps (playbooks/apply.yaml): preflight (facts, stale check, host lock),
+    upload release, kernels, stop changed roles, switch current, units, start, wait healthy,
+    smoke generation, qualification, record. A failure after the switch restores the last
+    healthy release by itself. An apply without changes restarts nothing.
+    """
+    from orchestrator.apply import apply_plan
+    from orchestrator.paths import default_profile
+
+    path = source or default_profile()
+    if _is_plan_file(path):
+        plan = _load_plan(path)
+        name, host = resolve_host(None, inventory, host_name or plan.host)
+        saved = True
+    else:
+        from orchestrator.planner.build import load_context, plan_from_paths
+        from orchestrator.remote import gather_facts
+
+        ctx = load_context(path, inventory, host_override=host_name)
+        name, host = ctx.host_name, ctx.host
+        _echo(f"Probing host '{name}' ({host.address})...")
+        facts = gather_facts(name, host)
+        plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)
+        saved = False
+        if plan.errors:
+            from orchestrator.planner.report import render_text
+
+            click.echo(render_text(plan), nl=False)
+            raise DsvError("the plan has errors; nothing was applied",
+                           fix="fix the profile; `dsv4ctl plan` shows the checks")
+    _echo(f"Applying {plan.profile_name} to {name} (scope {host.scope}, root {host.install_root})")
+    res = apply_plan(plan, name, host, out=_echo, command=_command_line(), saved=saved)
+    _print_result(res)
+    return 0
+
+
+@click.command()
+@click.argument("release", required=False)
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Profile whose host to use (instead of --host).")
+@_inventory_opt
+@_host_opt
+def rollback(release: str | None, profile_path: Path | None, inventory: Path | None,
+             host_name: str | None) -> int:
+    """Make RELEASE current again (default: the last healthy release before current).
+
+    Restarts only the roles whose files differ, waits until healthy (rollout.rollback_timeout_s)
+    and journals the steps in the target release's record.
+    """
+    from orchestrator.apply import rollback as do_rollback
+
+    name, host = resolve_host(profile_path, inventory, host_name)
+    res = do_rollback(name, host, release, out=_echo, command=_command_line())
+    if res.status == "healthy":
+        _echo(res.message)
+        return 0
+    _print_result(res)
+    return int(ExitCode.ROLLBACK_FAILED)
+
+
+@click.command()
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Profile whose host to use (instead of --host).")
+@_inventory_opt
+@_host_opt
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
+            as_json: bool) -> int:
+    """List the host's releases, oldest first: status, what restarted, rollbacks."""
+    import dataclasses
+    import json
+
+    from orchestrator.apply import history as get_history
+
+    name, host = resolve_host(profile_path, inventory, host_name)
+    rows = get_history(name, host)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return 0
+    if not rows:
+        _echo(f"no releases on host '{name}'")
+        return 0
+    for r in rows:
+        mark = "*" if r.current else " "
+        line = f"{mark} {r.id}  {r.status:<15} {r.reason}"
+        if r.restarted:
+            line += f"  restarted: {', '.join(r.restarted)}"
+        _echo(line)
+        if r.failed_step:
+            _echo(f"      failed at {r.failed_step}")
+        for e in r.events:
+            _echo(f"      {e}")
+    _echo("(* = current)")
+    return 0
+
+
+@click.command()
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Profile whose host to use (instead of --host).")
+@_inventory_opt
+@_host_opt
+def status(profile_path: Path | None, inventory: Path | None, host_name: str | None) -> int:
+    """Current release, each role's health, and drift (files vs manifest, profile vs engine).
+
+    Exit 0 when every role is healthy and nothing drifted, 1 otherwise.
+    """
+    from orchestrator.apply import status as get_status
+
+    name, host = resolve_host(profile_path, inventory, host_name)
+    rep = get_status(name, host)
+    _echo(f"host {name}: current release {rep.current or 'none'}"
+          + (f" ({rep.current_status})" if rep.current_status else ""))
+    if rep.locked_by:
+        _echo(f"  locked by {rep.locked_by}")
+    for role, ok, msg in rep.roles:
+        _echo(f"  {'✓' if ok else '✗'} {role}: {msg}")
+    for d in rep.file_drift:
+        _echo(f"  drift (files): {d}")
+    for d in rep.profile_drift:
+        _echo(f"  drift (engine): {d}")
+    if not rep.file_drift and not rep.profile_drift and rep.current:
+        _echo("  no drift")
+    return 0 if rep.healthy and not rep.file_drift and not rep.profile_drift else 1
+
+
+@click.command()
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Profile whose host to use (instead of --host).")
+@_inventory_opt
+@_host_opt
+@click.option("--force", is_flag=True, help="End the holder's lock process (after showing it).")
+def unlock(profile_path: Path | None, inventory: Path | None, host_name: str | None,
+           force: bool) -> int:
+    """Show who holds the host lock; with --force, end the holder and free it.
+
+    The lock is kernel-held and disappears with its holder's SSH session, so this is only for a
+    holder that hangs (e.g. a half-open connection). Use it only when sure that run is dead.
+    """
+    from orchestrator.apply import unlock as do_unlock
+
+    name, host = resolve_host(profile_path, inventory, host_name)
+    free = do_unlock(name, host, force=force, out=_echo)
+    return 0 if free else int(ExitCode.LOCKED)
+
+
+def register(group: click.Group) -> None:
+    for cmd in (apply, rollback, history, status, unlock):
+        group.add_command(cmd)
+

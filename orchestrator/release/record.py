@@ -1,0 +1,118 @@
+"""The release record: what an apply (or rollback) did to a host, step by step, as it happened.
+
+``<root>/releases/<id>/record.json`` is rewritten (atomically) after every step, so whatever kills
+dsv4ctl, the host keeps an honest account: which steps finished, which failed and why, which never
+ran. Terraform users asked for exactly this after partial failures (terraform#17681, #20718).
+The record is data only; :mod:`orchestrator.release.store` reads and writes it on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.planner_model import Plan
+
+RECORD_FORMAT = 1
+
+StepResult = Literal["running", "ok", "failed", "skipped", "interrupted", "not-run"]
+Status = Literal[
+    "applying",  # in progress (or dsv4ctl died without a chance to record more)
+    "healthy",  # passed health checks; a rollback target
+    "failed",  # failed before anything serving changed; the previous release kept serving
+    "rolled-back",  # failed after the switch; the previous healthy release was restored
+    "rollback-failed",  # failed, and restoring the previous release failed too
+    "interrupted",  # Ctrl-C; see the journal for what was undone
+]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def stamp(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+class JournalEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: str
+    start: str
+    end: str | None = None
+    result: StepResult = "running"
+    error: str | None = None
+    detail: str | None = None
+
+
+class Event(BaseModel):
+    """Something that happened to a release after its apply: rolled back to / from, superseded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time: str
+    kind: Literal["rollback-to", "rolled-back-from", "health"]
+    other: str | None = None  # the other release involved
+    result: Literal["ok", "failed"] = "ok"
+    detail: str | None = None
+
+
+class ReleaseRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = RECORD_FORMAT
+    id: str
+    created: str
+    host: str
+    deployment: str
+    profile_name: str
+    plan_id: str
+    base_release: str | None  # what was current when the apply started
+    status: Status = "applying"
+    reason: str = "apply"
+    restarted_roles: list[str] = Field(default_factory=list)
+    rollback_target: str | None = None
+    journal: list[JournalEntry] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+    user: str | None = None
+    controller: str | None = None
+
+    def begin(self, step: str, now: datetime) -> JournalEntry:
+        entry = JournalEntry(step=step, start=stamp(now))
+        self.journal.append(entry)
+        return entry
+
+    @staticmethod
+    def finish(entry: JournalEntry, result: StepResult, now: datetime, *, error: str | None = None,
+               detail: str | None = None) -> None:
+        entry.end = stamp(now)
+        entry.result = result
+        entry.error = error
+        if detail is not None:
+            entry.detail = detail
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+    def steps(self, result: StepResult) -> list[str]:
+        return [e.step for e in self.journal if e.result == result]
+
+
+def plan_id(plan: Plan) -> str:
+    """Content hash of a plan: identifies "this exact plan" in records (already-applied check)."""
+    blob = json.dumps(plan.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def last_healthy(records: Iterable[ReleaseRecord], *, exclude: Iterable[str] = ()) -> str | None:
+    """The newest release that passed its health checks (by sequence), excluding ``exclude``."""
+    from orchestrator.release.ids import sequence
+
+    skip = set(exclude)
+    ok = [r.id for r in records if r.status == "healthy" and r.id not in skip]
+    return max(ok, key=sequence) if ok else None

@@ -1,0 +1,250 @@
+"""The releases directory on a host: list, read and write records, upload a tree, switch, prune.
+
+Every write is atomic on the host: files go to a temp name and are renamed into place; a release tree
+is unpacked into ``releases/.tmp-<id>`` and only renamed to ``releases/<id>`` once its manifest
+verifies; ``current`` is switched with ``ln -sfn`` to a temp link and ``mv -T`` over the old one
+(rename(2) is atomic), the Capistrano idiom. A dropped connection at any point leaves ``current``
+pointing at a complete release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import tarfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from orchestrator.errors import RemoteError
+from orchestrator.planner_model import PlannedFile
+from orchestrator.release.ids import is_release_id, sequence, sort_ids
+from orchestrator.release.prune import select_prunable
+from orchestrator.release.record import ReleaseRecord
+from orchestrator.remote.probes import MARK, CommandResult, manifest_hashes
+
+MANIFEST = "manifest.json"
+RECORD = "record.json"
+PLAN = "plan.json"
+
+
+class HostShell(Protocol):
+    name: str
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
+
+    def check(self, command: str, *, timeout: float | None = None, what: str = "") -> str: ...
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644,
+                  chunk: int = 1 << 16,
+                  on_progress: Callable[[int, int], None] | None = None) -> None: ...
+
+
+def build_manifest(files: Mapping[str, tuple[bytes, int, list[str]]]) -> str:
+    """``manifest.json``: sha256, mode and restart roles of every file of the release tree."""
+    doc = {"format": 1, "files": {
+        p: {"sha256": hashlib.sha256(data).hexdigest(), "mode": oct(mode), "roles": sorted(roles)}
+        for p, (data, mode, roles) in sorted(files.items())
+    }}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def build_tarball(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    """A deterministic gzip'd tar of the release tree (sorted, fixed mtime/owner)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        dirs: set[str] = set()
+        for path in sorted(files):
+            parts = path.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in dirs:
+                    dirs.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type = tarfile.DIRTYPE
+                    info.mode = 0o755
+                    tar.addfile(info)
+            data, mode = files[path]
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def release_files(files: Iterable[PlannedFile]) -> dict[str, tuple[bytes, int, list[str]]]:
+    """The non-sensitive planned files as bytes, refusing unsafe paths (they come from a plan file)."""
+    out: dict[str, tuple[bytes, int, list[str]]] = {}
+    for f in files:
+        if f.sensitive or f.content is None:
+            continue
+        parts = f.path.split("/")
+        if f.path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise RemoteError(f"refusing planned file with unsafe path {f.path!r}",
+                              fix="re-create the plan with `dsv4ctl plan -o`")
+        data = f.content.encode("utf-8")
+        if f.sha256 is not None and hashlib.sha256(data).hexdigest() != f.sha256:
+            raise RemoteError(f"planned file {f.path} does not match its sha256 (plan file edited?)",
+                              fix="re-create the plan with `dsv4ctl plan -o`")
+        out[f.path] = (data, f.mode, list(f.roles))
+    return out
+
+
+class ReleaseStore:
+    def __init__(self, shell: HostShell, install_root: str) -> None:
+        self.shell = shell
+        self.root = install_root.rstrip("/") or "/"
+        self.releases = f"{self.root}/releases"
+
+    def q(self, *parts: str) -> str:
+        return shlex.quote("/".join((self.root, *parts)))
+
+    def path(self, release_id: str, *parts: str) -> str:
+        return "/".join((self.releases, release_id, *parts))
+
+    # ------------------------------------------------------------------------------ reading ---
+    def ensure_layout(self) -> None:
+        self.shell.check(f"mkdir -p {shlex.quote(self.releases)}", timeout=30,
+                         what=f"creating {self.releases}")
+
+    def list_ids(self) -> list[str]:
+        res = self.shell.run(f"ls -1 {shlex.quote(self.releases)} 2>/dev/null", timeout=30)
+        return sort_ids(line.strip() for line in res.stdout.splitlines() if is_release_id(line.strip()))
+
+    def current(self) -> str | None:
+        res = self.shell.run(f"readlink {self.q('current')}", timeout=30)
+        if not res.ok or not res.stdout.strip():
+            return None
+        name = res.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
+        return name if is_release_id(name) else None
+
+    def read_records(self) -> list[ReleaseRecord]:
+        """Every release's record, oldest first. A missing or unreadable record is reported as
+        such, never silently dropped."""
+        cmd = (f"cd {shlex.quote(self.releases)} 2>/dev/null || exit 0; for d in r*; do "
+               f"[ -d \"$d\" ] || continue; printf '{MARK}%s\\n' \"$d\"; "
+               f"cat \"$d/{RECORD}\" 2>/dev/null; printf '\\n'; done")
+        out = self.shell.check(cmd, timeout=60, what="reading release records")
+        records: list[ReleaseRecord] = []
+        sections: list[tuple[str, list[str]]] = []
+        for line in out.splitlines():
+            if line.startswith(MARK):
+                sections.append((line[len(MARK):], []))
+            elif sections:
+                sections[-1][1].append(line)
+        for name, lines in sections:
+            if not is_release_id(name):
+                continue
+            text = "\n".join(lines).strip()
+            try:
+                records.append(ReleaseRecord.model_validate_json(text))
+            except ValidationError:
+                records.append(ReleaseRecord(
+                    id=name, created="?", host=self.shell.name, deployment="?", profile_name="?",
+                    plan_id="?", base_release=None, status="failed",
+                    reason="record missing or unreadable",
+                ))
+        return sorted(records, key=lambda r: sequence(r.id))
+
+    def read_record(self, release_id: str) -> ReleaseRecord:
+        text = self.shell.check(f"cat {shlex.quote(self.path(release_id, RECORD))}", timeout=30,
+                                what=f"reading the record of {release_id}")
+        return ReleaseRecord.model_validate_json(text)
+
+    def read_file(self, release_id: str, rel: str) -> str:
+        return self.shell.check(f"cat {shlex.quote(self.path(release_id, rel))}", timeout=60,
+                                what=f"reading {rel} of {release_id}")
+
+    def manifest(self, release_id: str) -> dict[str, str]:
+        return manifest_hashes(self.read_file(release_id, MANIFEST))
+
+    def manifest_doc(self, release_id: str) -> dict:
+        return json.loads(self.read_file(release_id, MANIFEST))
+
+    def exists(self, release_id: str, rel: str = MANIFEST) -> bool:
+        return self.shell.run(f"[ -e {shlex.quote(self.path(release_id, rel))} ]", timeout=30).ok
+
+    # ------------------------------------------------------------------------------ writing ---
+    def write_record(self, record: ReleaseRecord) -> None:
+        d = self.path(record.id)
+        tmp = f"{d}/.{RECORD}.tmp"
+        self.shell.check(f"mkdir -p {shlex.quote(d)}", timeout=30, what="creating release dir")
+        self.shell.put_bytes(record.to_json().encode(), tmp, mode=0o644)
+        self.shell.check(f"mv -f {shlex.quote(tmp)} {shlex.quote(f'{d}/{RECORD}')}", timeout=30,
+                         what="writing the release record")
+
+    def clean_temp(self) -> None:
+        """Remove leftovers of interrupted uploads (never a release that current points to)."""
+        self.shell.run(f"rm -rf {shlex.quote(self.releases)}/.tmp-* {self.q('.incoming')}",
+                       timeout=120)
+
+    def upload(self, release_id: str, files: Mapping[str, tuple[bytes, int]],
+               manifest_sha: Mapping[str, str],
+               on_progress: Callable[[int, int], None] | None = None) -> None:
+        """Upload the tree as one tarball, unpack into ``.tmp-<id>``, verify every file's sha256
+        against the manifest on the host, then move it into ``releases/<id>/`` (next to the record
+        that is already there)."""
+        tmp = f"{self.releases}/.tmp-{release_id}"
+        incoming = f"{self.root}/.incoming"
+        tgz = f"{incoming}/{release_id}.tar.gz"
+        self.shell.check(f"mkdir -p {shlex.quote(incoming)} && rm -rf {shlex.quote(tmp)} && "
+                         f"mkdir -p {shlex.quote(tmp)}", timeout=60, what="preparing the upload")
+        self.shell.put_bytes(build_tarball(files), tgz, mode=0o600, on_progress=on_progress)
+        check_lines = "".join(f"{h}  {p}\n" for p, h in sorted(manifest_sha.items()))
+        self.shell.put_bytes(check_lines.encode(), f"{tmp}.sha256", mode=0o600)
+        self.shell.check(
+            f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(tmp)} && cd {shlex.quote(tmp)} && "
+            f"sha256sum --quiet -c {shlex.quote(tmp + '.sha256')} && rm -f {shlex.quote(tgz)} "
+            f"{shlex.quote(tmp + '.sha256')}",
+            timeout=300, what="unpacking and verifying the release")
+        dest = self.path(release_id)
+        # move each top-level entry into the release dir (which holds only record.json so far)
+        self.shell.check(
+            f"mkdir -p {shlex.quote(dest)} && cd {shlex.quote(tmp)} && for e in * .[!.]*; do "
+            f"[ -e \"$e\" ] || continue; mv -f \"$e\" {shlex.quote(dest)}/; done && cd / && "
+            f"rmdir {shlex.quote(tmp)}", timeout=120, what="moving the release into place")
+
+    def switch(self, release_id: str) -> None:
+        """Point ``current`` at ``releases/<id>`` atomically (symlink to a temp name + rename)."""
+        tmp = f"{self.root}/.current.tmp"
+        self.shell.check(
+            f"[ -f {shlex.quote(self.path(release_id, MANIFEST))} ] && "
+            f"ln -sfn {shlex.quote('releases/' + release_id)} {shlex.quote(tmp)} && "
+            f"mv -fT {shlex.quote(tmp)} {self.q('current')}",
+            timeout=30, what=f"switching current to {release_id}")
+
+    def remove(self, release_ids: Iterable[str]) -> None:
+        ids = [i for i in release_ids if is_release_id(i)]
+        if ids:
+            paths = " ".join(shlex.quote(self.path(i)) for i in ids)
+            self.shell.check(f"rm -rf {paths}", timeout=300, what="removing old releases")
+
+    def prune(self, keep: int, last_healthy: str | None) -> list[str]:
+        """Delete releases beyond ``keep``; never current, never the last healthy one."""
+        doomed = select_prunable(self.list_ids(), keep=keep, current=self.current(),
+                                 last_healthy=last_healthy)
+        self.remove(doomed)
+        return doomed
+
+    def write_secrets(self, name: str, values: Mapping[str, str]) -> None:
+        """``secrets/<name>.env``, mode 0600, written via SFTP (values never pass through a shell
+        command line, so they do not show up in the host's process list or logs)."""
+        d = f"{self.root}/secrets"
+        self.shell.check(f"mkdir -p {shlex.quote(d)} && chmod 700 {shlex.quote(d)}", timeout=30,
+                         what="creating the secrets dir")
+        body = "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items()))
+        tmp = f"{d}/.{name}.env.tmp"
+        self.shell.put_bytes(body.encode(), tmp, mode=0o600)
+        self.shell.check(f"mv -f {shlex.quote(tmp)} {shlex.quote(f'{d}/{name}.env')}", timeout=30,
+                         what="writing the secrets file")
+
+
+def _env_quote(value: str) -> str:
+    """Quote a value for a systemd EnvironmentFile (double quotes, backslash escapes)."""
+    if "\n" in value or "\r" in value:
+        raise RemoteError("a secret value contains a newline, which an EnvironmentFile cannot hold",
+                          fix="store the secret without line breaks")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,308 @@
+"""SSH connections to inventory hosts: the only place dsv4ctl opens a network connection to a host.
+
+Owns connecting (key, user, port, optional jump host, connect timeout, retries with exponential
+backoff), running commands, uploading bytes, long-lived remote processes (the host lock) and HTTP
+requests to ports bound on the host's loopback, tunnelled through the SSH transport
+(``direct-tcpip``), so health checks reach ``127.0.0.1:30000`` on the host without opening ports.
+
+Every failure becomes :class:`RemoteError` with what failed and a fix. Authentication failures are
+not retried (retrying cannot fix a wrong key); refused or timed-out connections are.
+
+Host keys: fabric accepts unknown host keys (paramiko ``AutoAddPolicy``, fabric 3 default) and
+does not write them to known_hosts; keys already in ``~/.ssh/known_hosts`` are enforced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import paramiko
+from fabric import Connection
+from invoke.exceptions import CommandTimedOut
+
+from orchestrator.errors import RemoteError
+from orchestrator.profile.inventory import Host
+from orchestrator.remote.probes import CommandResult
+
+RETRIES = 3  # connect attempts after the first
+BACKOFF_S = 1.0  # first wait; doubles each retry (1, 2, 4 s)
+
+# Errors that mean "the network or sshd is not there (yet)": worth a retry.
+_TRANSIENT = (socket.timeout, TimeoutError, ConnectionError, EOFError, OSError,
+              paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException)
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+class _ChannelHTTPConnection(http.client.HTTPConnection):
+    """http.client over an already-open SSH ``direct-tcpip`` channel."""
+
+    def __init__(self, channel: paramiko.Channel, port: int, timeout: float) -> None:
+        super().__init__("127.0.0.1", port, timeout=timeout)
+        self._channel = channel
+
+    def connect(self) -> None:  # the socket is the channel
+        self.sock = self._channel
+
+
+class RemoteHost:
+    """One SSH connection to one host. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, name: str, host: Host, *,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.name = name
+        self.host = host
+        self._sleep = sleep
+        self._conn: Connection | None = None
+
+    # ---------------------------------------------------------------- connect / close ---
+    def _kwargs(self, key: str | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"banner_timeout": self.host.connect_timeout_s,
+                              "auth_timeout": self.host.connect_timeout_s}
+        if key:
+            kw.update(key_filename=key, look_for_keys=False, allow_agent=False)
+        return kw
+
+    def _make(self) -> Connection:
+        h = self.host
+        gateway = None
+        if h.jump is not None:
+            gateway = Connection(h.jump.address, user=h.jump.user, port=h.jump.port,
+                                 connect_timeout=h.connect_timeout_s,
+                                 connect_kwargs=self._kwargs(h.key))
+        return Connection(h.address, user=h.user, port=h.port, gateway=gateway,
+                          connect_timeout=h.connect_timeout_s,
+                          connect_kwargs=self._kwargs(h.key))
+
+    def connect(self) -> RemoteHost:
+        where = f"{self.host.user}@{self.host.address}:{self.host.port}"
+        if self.host.jump is not None:
+            where += f" via {self.host.jump.user}@{self.host.jump.address}:{self.host.jump.port}"
+        last: Exception | None = None
+        for attempt in range(RETRIES + 1):
+            conn = self._make()
+            try:
+                conn.open()
+                self._conn = conn
+                return self
+            except paramiko.AuthenticationException as exc:
+                conn.close()
+                raise RemoteError(
+                    f"SSH authentication to host '{self.name}' ({where}) failed: {exc}",
+                    fix="check the inventory's user and key for this host "
+                        "(the key's public half must be in the host's authorized_keys)",
+                ) from exc
+            except _TRANSIENT as exc:
+                conn.close()
+                last = exc
+                if attempt < RETRIES:
+                    self._sleep(BACKOFF_S * (2 ** attempt))
+        raise RemoteError(
+            f"cannot connect to host '{self.name}' ({where}) after {RETRIES + 1} attempts: "
+            f"{type(last).__name__}: {last}",
+            fix="check the address and port in the inventory, that sshd runs on the host and that "
+                "the network (or jump host) lets you through; connect_timeout_s is "
+                f"{self.host.connect_timeout_s:g}s",
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> RemoteHost:
+        if self._conn is None:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> Connection:
+        if self._conn is None:
+            raise RemoteError(f"not connected to host '{self.name}'")
+        return self._conn
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        t = self.connection.client.get_transport()
+        if t is None or not t.is_active():
+            raise RemoteError(f"the SSH connection to host '{self.name}' was lost",
+                              fix="check the network to the host and retry")
+        return t
+
+    @property
+    def alive(self) -> bool:
+        try:
+            return self.transport.is_active()
+        except RemoteError:
+            return False
+
+    # --------------------------------------------------------------------------- commands ---
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        """Run ``command`` with the login user's shell; never raises on a non-zero exit."""
+        try:
+            r = self.connection.run(command, hide=True, warn=True, in_stream=False,
+                                    timeout=timeout)
+        except CommandTimedOut as exc:
+            raise RemoteError(f"command timed out after {timeout}s on host '{self.name}': "
+                              f"{command[:200]}") from exc
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            raise RemoteError(f"lost the SSH connection to host '{self.name}' while running "
+                              f"{command[:120]!r}: {exc}",
+                              fix="check the network to the host and retry") from exc
+        return CommandResult(command=command, rc=int(r.exited), stdout=r.stdout, stderr=r.stderr)
+
+    def check(self, command: str, *, timeout: float | None = None, what: str = "") -> str:
+        """Run ``command``; raise :class:`RemoteError` naming ``what`` unless it exits 0."""
+        res = self.run(command, timeout=timeout)
+        if not res.ok:
+            detail = (res.stderr or res.stdout).strip()[-500:]
+            raise RemoteError(f"{what or 'command'} failed on host '{self.name}' "
+                              f"(exit {res.rc}): {detail}")
+        return res.stdout
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644,
+                  chunk: int = 1 << 16, on_progress: Callable[[int, int], None] | None = None
+                  ) -> None:
+        """Write ``data`` to ``remote_path`` over SFTP (no shell involved, so no quoting issues)."""
+        try:
+            sftp = self.connection.client.open_sftp()
+            try:
+                with sftp.open(remote_path, "wb") as fh:
+                    fh.set_pipelined(True)
+                    for off in range(0, len(data), chunk):
+                        fh.write(data[off:off + chunk])
+                        if on_progress is not None:
+                            on_progress(min(off + chunk, len(data)), len(data))
+                sftp.chmod(remote_path, mode)
+            finally:
+                sftp.close()
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            raise RemoteError(f"upload of {remote_path} to host '{self.name}' failed: {exc}",
+                              fix="check the network and free disk space on the host") from exc
+
+    def open_process(self, command: str) -> paramiko.Channel:
+        """Start ``command`` on its own channel and return it; it lives until the channel closes
+        (its stdin reaches EOF) or the SSH connection drops."""
+        try:
+            chan = self.transport.open_session()
+            chan.exec_command(command)
+            return chan
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            raise RemoteError(f"cannot start a process on host '{self.name}': {exc}") from exc
+
+    # ------------------------------------------------------------------------------- HTTP ---
+    def http(self, method: str, port: int, path: str, *, body: Any = None,
+             timeout: float = 10.0) -> HttpResponse:
+        """One HTTP request to ``127.0.0.1:port`` on the host, through the SSH transport.
+
+        Raises :class:`ConnectionRefusedError` when nothing listens there (the caller decides
+        whether that is "still starting" or "down"), :class:`RemoteError` when SSH itself fails."""
+        try:
+            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", port),
+                                               ("127.0.0.1", 0), timeout=timeout)
+        except paramiko.ChannelException as exc:
+            # sshd answers "Connect failed" (OPEN_CONNECT_FAILED = 2) when the port is closed.
+            if exc.code == 2:
+                raise ConnectionRefusedError(f"127.0.0.1:{port} refused on {self.name}") from exc
+            raise RemoteError(f"SSH refused a tunnel to port {port} on host '{self.name}': "
+                              f"{exc.text}", fix="allow TCP forwarding in the host's sshd "
+                              "(AllowTcpForwarding yes)") from exc
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            raise RemoteError(f"lost the SSH connection to host '{self.name}': {exc}") from exc
+        chan.settimeout(timeout)
+        conn = _ChannelHTTPConnection(chan, port, timeout)
+        try:
+            headers = {"Host": f"127.0.0.1:{port}", "Connection": "close"}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return HttpResponse(status=resp.status, body=resp.read())
+        except TimeoutError as exc:
+            raise TimeoutError(f"{method} {path} on port {port} timed out after {timeout}s") from exc
+        except (http.client.HTTPException, EOFError, OSError) as exc:
+            raise ConnectionResetError(f"{method} 127.0.0.1:{port}{path}: {exc}") from exc
+        finally:
+            conn.close()
+            chan.close()
+
+
+    @contextlib.contextmanager
+    def forward(self, port: int) -> Iterator[int]:
+        """Forward a local ephemeral port to ``127.0.0.1:port`` on the host (like ``ssh -L``) for
+        code that needs a plain URL (the qualification run). Yields the local port."""
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        server.settimeout(0.5)
+        stop = threading.Event()
+
+        def pump(a: Any, b: Any) -> None:
+            try:
+                while not stop.is_set():
+                    r, _, _ = select.select([a, b], [], [], 0.5)
+                    for src in r:
+                        data = src.recv(65536)
+                        if not data:
+                            return
+                        (b if src is a else a).sendall(data)
+            except OSError:
+                return
+            finally:
+                for s in (a, b):
+                    with contextlib.suppress(Exception):
+                        s.close()
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    client, _ = server.accept()
+                except (TimeoutError, OSError):
+                    continue
+                try:
+                    chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", port),
+                                                       client.getpeername())
+                except Exception:
+                    client.close()
+                    continue
+                threading.Thread(target=pump, args=(client, chan), daemon=True).start()
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        try:
+            yield server.getsockname()[1]
+        finally:
+            stop.set()
+            server.close()
+            t.join(timeout=2)
+
+
+def connect(name: str, host: Host, *, sleep: Callable[[float], None] = time.sleep) -> RemoteHost:
+    """Open an SSH connection to inventory host ``name`` (retries with backoff)."""
+    return RemoteHost(name, host, sleep=sleep).connect()

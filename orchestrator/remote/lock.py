@@ -1,0 +1,199 @@
+"""The host lock: one dsv4ctl apply/rollback per host at a time, held by the kernel.
+
+A lock file under the install root is ``flock``-ed by a process started over the apply's own SSH
+connection. That process holds the lock while its stdin is open; when dsv4ctl finishes, is killed, or
+the connection drops, sshd closes the channel, the process reads EOF and exits, and the kernel releases
+the lock. No stale lock survives a crash, which is the failure mode users hate most in Terraform,
+Helm and Deployer (terraform#28374, helm#8987, deployer#1291; see shared research anchors A.2 #4).
+
+Next to it, a holder-info file (remote pid of the flock process, then JSON: user, controller host,
+controller pid, start time, command) exists for display only: it tells whoever is refused who holds
+the lock, and ``dsv4ctl unlock --force`` shows it before ending the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import shlex
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import paramiko
+
+from orchestrator.errors import LockHeld, RemoteError
+from orchestrator.remote.connection import RemoteHost
+
+LOCK_NAME = ".dsv4ctl.lock"
+INFO_NAME = ".dsv4ctl.lock.info"
+REFUSED_RC = 75  # flock -E: "lock held", distinct from real errors
+
+
+def lock_paths(install_root: str) -> tuple[str, str]:
+    return f"{install_root}/{LOCK_NAME}", f"{install_root}/{INFO_NAME}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    remote_pid: int | None
+    info: dict[str, Any]
+
+    def describe(self) -> str:
+        i = self.info
+        parts = [f"user {i.get('user', '?')} on {i.get('controller', '?')} "
+                 f"(pid {i.get('pid', '?')})",
+                 f"since {i.get('started', '?')}",
+                 f"running: {i.get('command', '?')}"]
+        if self.remote_pid is not None:
+            parts.append(f"lock process pid {self.remote_pid} on the host")
+        return ", ".join(parts)
+
+
+def holder_info(command: str) -> dict[str, Any]:
+    """Who we are, for the info file. No secrets: user, host name, pid, time, the command line."""
+    return {
+        "user": getpass.getuser(),
+        "controller": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command,
+    }
+
+
+def parse_holder(text: str) -> Holder | None:
+    lines = text.splitlines()
+    if not lines:
+        return None
+    pid = int(lines[0]) if lines[0].strip().isdigit() else None
+    try:
+        info = json.loads("\n".join(lines[1:])) if len(lines) > 1 else {}
+    except json.JSONDecodeError:
+        info = {"raw": "\n".join(lines[1:])[:300]}
+    return Holder(remote_pid=pid, info=info if isinstance(info, dict) else {})
+
+
+def read_holder(remote: RemoteHost, install_root: str) -> Holder | None:
+    _, info = lock_paths(install_root)
+    res = remote.run(f"cat {shlex.quote(info)} 2>/dev/null", timeout=30)
+    return parse_holder(res.stdout) if res.ok else None
+
+
+def is_locked(remote: RemoteHost, install_root: str) -> bool:
+    lock, _ = lock_paths(install_root)
+    q = shlex.quote(lock)
+    res = remote.run(f"[ -e {q} ] || exit 0; flock -n -E {REFUSED_RC} {q} true", timeout=30)
+    if res.rc == REFUSED_RC:
+        return True
+    if not res.ok:
+        raise RemoteError(f"cannot test the lock on host '{remote.name}': {res.stderr.strip()}")
+    return False
+
+
+class HostLock:
+    """Acquire with :meth:`acquire`; :meth:`release` (or the connection dying) frees it."""
+
+    def __init__(self, remote: RemoteHost, install_root: str, command: str) -> None:
+        self.remote = remote
+        self.install_root = install_root
+        self.command = command
+        self._chan: paramiko.Channel | None = None
+        self.remote_pid: int | None = None
+
+    def _script(self) -> str:
+        lock, info = lock_paths(self.install_root)
+        payload = json.dumps(holder_info(self.command), sort_keys=True)
+        # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
+        # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid.
+        inner = (
+            f"umask 077; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} > {shlex.quote(info)}.tmp"
+            f" && mv -f {shlex.quote(info)}.tmp {shlex.quote(info)}; echo LOCKED $PPID; "
+            # hold until our stdin closes (release, exit or dropped connection), then tidy up the
+            # info file if it is still ours
+            f"cat >/dev/null; [ \"$(head -n 1 {shlex.quote(info)} 2>/dev/null)\" = \"$PPID\" ] "
+            f"&& rm -f {shlex.quote(info)}; exit 0"
+        )
+        return (f"mkdir -p {shlex.quote(self.install_root)} && "
+                f"exec flock -n -o -E {REFUSED_RC} {shlex.quote(lock)} sh -c {shlex.quote(inner)}")
+
+    def acquire(self, timeout: float = 30.0) -> None:
+        chan = self.remote.open_process(self._script())
+        chan.settimeout(timeout)
+        buf = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while b"\n" not in buf:
+                if time.monotonic() > deadline:
+                    raise RemoteError(f"taking the lock on host '{self.remote.name}' timed out")
+                data = chan.recv(256)
+                if not data:
+                    break
+                buf += data
+        except (TimeoutError, OSError) as exc:
+            chan.close()
+            raise RemoteError(f"taking the lock on host '{self.remote.name}' failed: {exc}") from exc
+        line = buf.decode(errors="replace").strip()
+        if line.startswith("LOCKED"):
+            self._chan = chan
+            pid = line.split()[-1]
+            self.remote_pid = int(pid) if pid.isdigit() else None
+            return
+        rc = chan.recv_exit_status()
+        err = chan.recv_stderr(4096).decode(errors="replace").strip()
+        chan.close()
+        if rc == REFUSED_RC:
+            holder = read_holder(self.remote, self.install_root)
+            who = holder.describe() if holder else "unknown holder (no info file)"
+            raise LockHeld(
+                f"host '{self.remote.name}' is locked by another dsv4ctl run: {who}",
+                fix="wait for it to finish; if that run is dead and its lock still held, "
+                    f"`dsv4ctl unlock --force --host {self.remote.name}` shows the holder and ends it",
+            )
+        raise RemoteError(f"cannot take the lock on host '{self.remote.name}' (exit {rc}): "
+                          f"{err or line}", fix="`flock` (util-linux) must exist on the host and "
+                          "the install root must be writable")
+
+    @property
+    def held(self) -> bool:
+        return self._chan is not None and not self._chan.closed
+
+    def release(self) -> None:
+        chan, self._chan = self._chan, None
+        if chan is None:
+            return
+        with contextlib.suppress(Exception):  # a dead connection has released it already
+            chan.shutdown_write()
+            chan.settimeout(10)
+            chan.recv_exit_status()
+        with contextlib.suppress(Exception):
+            chan.close()
+
+    def __enter__(self) -> HostLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def force_unlock(remote: RemoteHost, install_root: str) -> Holder | None:
+    """End the process holding the lock (after the caller showed the holder). Returns the holder."""
+    holder = read_holder(remote, install_root)
+    if not is_locked(remote, install_root):
+        return holder
+    if holder is None or holder.remote_pid is None:
+        raise RemoteError(f"the lock on host '{remote.name}' is held but its holder is unknown",
+                          fix=f"find the process with `fuser {lock_paths(install_root)[0]}` on the "
+                              "host and end it")
+    pid = holder.remote_pid
+    # the flock process and its direct child (the sh that waits on stdin), by pid only
+    remote.run(f"pkill -TERM -P {pid}; kill -TERM {pid}", timeout=30)
+    for _ in range(50):
+        if not is_locked(remote, install_root):
+            remote.run(f"rm -f {shlex.quote(lock_paths(install_root)[1])}", timeout=30)
+            return holder
+        time.sleep(0.1)
+    raise RemoteError(f"the lock holder (pid {pid}) on host '{remote.name}' did not exit")

@@ -1,0 +1,381 @@
+"""Probes: each fact about a host is one shell command plus a pure parser of its output.
+
+This module owns *what* we ask a host and *how* we read the answer; it never opens a connection (the
+caller passes anything with a ``run`` method, see :class:`orchestrator.remote.shell.Shell`). Keeping the
+parsers pure lets ``tests/unit/test_probes.py`` check them on recorded real output
+(``tests/data/probes/``), pyinfra-style: a fact is a command and a parser, nothing else
+(https://github.com/pyinfra-dev/pyinfra, ``pyinfra/facts``).
+
+Every command is POSIX sh and quotes every path it is given, because paths come from profiles and
+inventories. A parser that meets output it does not understand raises :class:`RemoteError` with the
+offending line instead of guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.errors import RemoteError
+from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, UnitFact
+from orchestrator.profile.inventory import Host
+
+# The fields we ask nvidia-smi for, in order. `compute_cap` needs driver >= 510 (nvidia-smi
+# --help-query-gpu); every driver that supports Blackwell has it.
+GPU_FIELDS = ("index", "name", "memory.total", "compute_cap", "uuid", "driver_version")
+GPU_COMMAND = (
+    "nvidia-smi --query-gpu=" + ",".join(GPU_FIELDS) + " --format=csv,noheader,nounits"
+)
+INDEX_FILE = "model.safetensors.index.json"
+MARK = "==> "  # separates per-path sections in multi-path probe output (like `head` does)
+
+
+class Shell(Protocol):
+    """What probes need from a host: run a command, get (rc, stdout, stderr)."""
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+# --------------------------------------------------------------------------------------- GPUs ---
+
+def parse_gpus(stdout: str) -> tuple[list[GpuFact], str | None]:
+    """Parse ``GPU_COMMAND`` output: one CSV line per GPU. Returns the GPUs and the driver version."""
+    gpus: list[GpuFact] = []
+    drivers: set[str] = set()
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != len(GPU_FIELDS):
+            raise RemoteError(
+                f"cannot read nvidia-smi output line {line!r}: expected {len(GPU_FIELDS)} "
+                f"comma-separated fields ({', '.join(GPU_FIELDS)})",
+                fix="run the probe command on the host by hand: " + GPU_COMMAND,
+            )
+        index, name, mem, cap, uuid, driver = cols
+        try:
+            gpus.append(GpuFact(
+                index=int(index), name=name,
+                memory_mib=int(mem) if mem not in ("[N/A]", "N/A") else None,
+                compute_cap=None if cap in ("[N/A]", "N/A") else cap,
+                uuid=None if uuid in ("[N/A]", "N/A") else uuid,
+            ))
+        except ValueError as exc:
+            raise RemoteError(f"cannot read nvidia-smi output line {line!r}: {exc}") from exc
+        drivers.add(driver)
+    if len(drivers) > 1:
+        raise RemoteError(f"nvidia-smi reports several driver versions: {sorted(drivers)}")
+    return sorted(gpus, key=lambda g: g.index), (drivers.pop() if drivers else None)
+
+
+def probe_gpus(shell: Shell) -> tuple[list[GpuFact], str | None]:
+    res = shell.run(GPU_COMMAND, timeout=60)
+    if res.rc == 127:  # not installed: a host without NVIDIA GPUs is a fact, not a probe failure
+        return [], None
+    if not res.ok:
+        raise RemoteError(
+            f"nvidia-smi failed on the host (exit {res.rc}): {(res.stderr or res.stdout).strip()[:300]}",
+            fix="check the NVIDIA driver on the host (`nvidia-smi` must list the GPUs)",
+        )
+    return parse_gpus(res.stdout)
+
+
+# --------------------------------------------------------------------------------------- disks ---
+
+def disk_command(paths: Sequence[str]) -> str:
+    """df for each path; a path that does not exist yet is measured at its nearest existing parent
+    (that is where its files will land)."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (
+        f"for p in {quoted}; do q=\"$p\"; while [ ! -e \"$q\" ]; do q=$(dirname \"$q\"); done; "
+        f"printf '{MARK}%s\\n' \"$p\"; df -B1 --output=size,avail -- \"$q\" | tail -n 1; done"
+    )
+
+
+GIB = 1 << 30
+
+
+def parse_disks(stdout: str) -> list[DiskFact]:
+    """Free space is rounded *down* to whole GiB: it moves by kilobytes every second on a live
+    host (logs), and facts are part of a saved plan's fingerprint, so exact bytes would make every
+    saved plan stale. A GiB is far below what a checkpoint decision turns on (tens of GB), and
+    rounding down never overstates the room."""
+    out: list[DiskFact] = []
+    path: str | None = None
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            path = line[len(MARK):]
+            continue
+        if not line.strip():
+            continue
+        if path is None:
+            raise RemoteError(f"unexpected df output before any path marker: {line!r}")
+        cols = line.split()
+        if len(cols) != 2 or not all(c.isdigit() for c in cols):
+            raise RemoteError(f"cannot read df output for {path}: {line!r} (expected 'SIZE AVAIL')")
+        out.append(DiskFact(path=path, size_bytes=int(cols[0]),
+                            free_bytes=int(cols[1]) // GIB * GIB))
+        path = None
+    return out
+
+
+def parse_df_table(stdout: str) -> list[DiskFact]:
+    """Parse plain ``df -B1 --output=target,size,avail`` output (header + rows), as recorded."""
+    rows = stdout.splitlines()
+    if not rows or not rows[0].split()[:2] == ["Mounted", "on"]:
+        raise RemoteError("df output has no 'Mounted on' header")
+    out = []
+    for line in rows[1:]:
+        cols = line.split()
+        if len(cols) < 3 or not cols[-1].isdigit() or not cols[-2].isdigit():
+            raise RemoteError(f"cannot read df row {line!r}")
+        out.append(DiskFact(path=" ".join(cols[:-2]), size_bytes=int(cols[-2]),
+                            free_bytes=int(cols[-1])))
+    return out
+
+
+def probe_disks(shell: Shell, paths: Sequence[str]) -> list[DiskFact]:
+    if not paths:
+        return []
+    res = shell.run(disk_command(paths), timeout=60)
+    if not res.ok:
+        raise RemoteError(f"df failed on the host (exit {res.rc}): {res.stderr.strip()[:300]}")
+    return parse_disks(res.stdout)
+
+
+# -------------------------------------------------------------------------------------- models ---
+
+def model_command(paths: Sequence[str]) -> str:
+    """Print each checkpoint's index file, or nothing for a path without one."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (
+        f"for p in {quoted}; do printf '{MARK}%s\\n' \"$p\"; "
+        f"if [ -f \"$p/{INDEX_FILE}\" ]; then cat \"$p/{INDEX_FILE}\"; printf '\\n'; fi; done"
+    )
+
+
+_TOTAL_SIZE = re.compile(r'"total_size"\s*:\s*([0-9]+(?:\.[0-9]+)?)')
+
+
+def parse_index_total_size(text: str) -> int:
+    """``metadata.total_size`` of a safetensors index: the exact bytes of all shards' tensors."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        meta = doc.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("total_size"), int | float):
+            return int(meta["total_size"])
+        raise RemoteError(f"{INDEX_FILE} has no metadata.total_size")
+    m = _TOTAL_SIZE.search(text)  # a truncated or slightly malformed file still names its size
+    if m:
+        return int(float(m.group(1)))
+    raise RemoteError(f"{INDEX_FILE} is not JSON and names no total_size")
+
+
+def parse_models(stdout: str, variants: dict[str, str | None] | None = None) -> list[ModelFact]:
+    sections: list[tuple[str, list[str]]] = []
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            sections.append((line[len(MARK):], []))
+        elif sections:
+            sections[-1][1].append(line)
+    out = []
+    for path, lines in sections:
+        text = "\n".join(lines).strip()
+        if not text:
+            continue  # no checkpoint at that path
+        out.append(ModelFact(path=path, size_bytes=parse_index_total_size(text),
+                             variant=(variants or {}).get(path)))
+    return out
+
+
+def probe_models(shell: Shell, paths: Sequence[str],
+                 variants: dict[str, str | None] | None = None) -> list[ModelFact]:
+    if not paths:
+        return []
+    res = shell.run(model_command(paths), timeout=120)
+    if not res.ok:
+        raise RemoteError(f"reading checkpoint indexes failed (exit {res.rc}): {res.stderr[:300]}")
+    return parse_models(res.stdout, variants)
+
+
+# ---------------------------------------------------------------------------------------- ports ---
+
+PORTS_COMMAND = "cat /proc/sys/net/ipv4/ip_local_port_range; ss -ltnH"
+
+
+def parse_ports(stdout: str) -> list[int]:
+    """Listening TCP ports from ``ss -ltnH`` (State Recv-Q Send-Q Local:Port Peer:Port [Process]).
+
+    When the output starts with the kernel's ephemeral range (``ip_local_port_range``), ports in
+    that range are left out: engines and NCCL bind random ports there while running, which would
+    make every saved plan stale; a deployment's own ports are configured below it."""
+    ports: set[int] = set()
+    lines = stdout.splitlines()
+    lo, hi = 0, -1
+    if lines and len(lines[0].split()) == 2 and all(x.isdigit() for x in lines[0].split()):
+        lo, hi = (int(x) for x in lines[0].split())
+        lines = lines[1:]
+    for line in lines:
+        cols = line.split()
+        if not cols:
+            continue
+        if len(cols) < 5:
+            raise RemoteError(f"cannot read ss output line {line!r}")
+        local = cols[3]
+        port = local.rsplit(":", 1)[-1]
+        if not port.isdigit():
+            raise RemoteError(f"cannot read a port in ss output line {line!r}")
+        if not lo <= int(port) <= hi:
+            ports.add(int(port))
+    return sorted(ports)
+
+
+def probe_ports(shell: Shell) -> list[int]:
+    res = shell.run(PORTS_COMMAND, timeout=30)
+    if not res.ok:
+        raise RemoteError(f"`ss -ltnH` failed on the host (exit {res.rc}): {res.stderr[:300]}",
+                          fix="install iproute2 on the host")
+    return parse_ports(res.stdout)
+
+
+# ---------------------------------------------------------------------------------------- units ---
+
+def systemctl(scope: str) -> str:
+    return "systemctl --user" if scope == "user" else "systemctl"
+
+
+def units_command(scope: str, pattern: str = "dsv4-*") -> str:
+    return f"{systemctl(scope)} list-units --all --plain --no-legend --no-pager {shlex.quote(pattern)}"
+
+
+def parse_units(stdout: str) -> list[UnitFact]:
+    """``systemctl list-units --plain --no-legend``: UNIT LOAD ACTIVE SUB DESCRIPTION..."""
+    out = []
+    for line in stdout.splitlines():
+        cols = line.split()
+        if not cols:
+            continue
+        if cols[0] in ("●", "*"):  # failed units carry a marker in some versions
+            cols = cols[1:]
+        if len(cols) < 4:
+            raise RemoteError(f"cannot read systemctl output line {line!r}")
+        out.append(UnitFact(name=cols[0], active=cols[2]))
+    return sorted(out, key=lambda u: u.name)
+
+
+def probe_units(shell: Shell, scope: str) -> list[UnitFact]:
+    res = shell.run(units_command(scope), timeout=30)
+    if not res.ok:
+        raise RemoteError(
+            f"listing units failed (exit {res.rc}): {(res.stderr or res.stdout).strip()[:300]}",
+            fix=("for scope 'user' the SSH session needs a running `systemd --user` "
+                 "(XDG_RUNTIME_DIR); for 'system' the host must boot with systemd"),
+        )
+    return parse_units(res.stdout)
+
+
+def parse_show(stdout: str) -> dict[str, dict[str, str]]:
+    """``systemctl show -p A -p B u1 u2``: blocks of KEY=VALUE separated by blank lines, in unit order.
+    Returned by the ``Id`` property of each block."""
+    blocks: list[dict[str, str]] = [{}]
+    for line in stdout.splitlines():
+        if not line.strip():
+            if blocks[-1]:
+                blocks.append({})
+            continue
+        key, _, value = line.partition("=")
+        blocks[-1][key] = value
+    return {b["Id"]: b for b in blocks if b.get("Id")}
+
+
+# ------------------------------------------------------------------------------ current release ---
+
+def current_command(install_root: str) -> str:
+    root = shlex.quote(install_root)
+    return (
+        f"if [ -L {root}/current ]; then printf 'release=%s\\n' \"$(readlink {root}/current)\"; "
+        f"if [ -f {root}/current/manifest.json ]; then cat {root}/current/manifest.json; fi; fi"
+    )
+
+
+def parse_current(stdout: str) -> tuple[str | None, dict[str, str]]:
+    """The current release id (basename of the ``current`` link) and its manifest's file hashes."""
+    lines = stdout.splitlines()
+    if not lines or not lines[0].startswith("release="):
+        if stdout.strip():
+            raise RemoteError(f"unexpected output from the current-release probe: {lines[0]!r}")
+        return None, {}
+    target = lines[0][len("release="):].rstrip("/")
+    release = target.rsplit("/", 1)[-1] or None
+    rest = "\n".join(lines[1:]).strip()
+    if not rest:
+        return release, {}
+    return release, manifest_hashes(rest)
+
+
+def manifest_hashes(text: str) -> dict[str, str]:
+    try:
+        doc = json.loads(text)
+        files = doc["files"]
+        return {str(p): str(v["sha256"]) for p, v in sorted(files.items())}
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RemoteError(f"the current release's manifest.json is unreadable: {exc}",
+                          fix="run `dsv4ctl status` to see the host's state") from exc
+
+
+def probe_current(shell: Shell, install_root: str) -> tuple[str | None, dict[str, str]]:
+    res = shell.run(current_command(install_root), timeout=30)
+    if not res.ok:
+        raise RemoteError(f"reading the current release failed (exit {res.rc}): {res.stderr[:300]}")
+    return parse_current(res.stdout)
+
+
+# ---------------------------------------------------------------------------------------- all ---
+
+def probe_paths(host: Host, model_paths: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """Which disks and checkpoints to probe: the inventory's declared disks and models, the install
+    root, and the given checkpoint paths (the profile's). Sorted and deduplicated, so a plan and the
+    stale check at apply time probe exactly the same things."""
+    models = sorted({*(m.path for m in host.models), *model_paths})
+    disks = sorted({*(d.path for d in host.disks), host.install_root, *models})
+    return disks, models
+
+
+def collect_facts(shell: Shell, host_name: str, host: Host, *,
+                  model_paths: Iterable[str] = ()) -> Facts:
+    """Run every probe through ``shell`` and assemble :class:`Facts`."""
+    disk_paths, models = probe_paths(host, model_paths)
+    gpus, driver = probe_gpus(shell)
+    variants: dict[str, str | None] = {m.path: m.variant for m in host.models}
+    current, files = probe_current(shell, host.install_root)
+    return Facts(
+        source="probed",
+        host=host_name,
+        gpus=gpus,
+        driver=driver,
+        disks=probe_disks(shell, disk_paths),
+        models=probe_models(shell, models, variants),
+        ports_in_use=probe_ports(shell),
+        units=probe_units(shell, host.scope),
+        current_release=current,
+        current_files=files,
+    )

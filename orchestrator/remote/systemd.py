@@ -1,0 +1,115 @@
+"""The host's service manager: systemd at system scope, or ``systemctl --user`` where the inventory says.
+
+Owns the commands that install unit files, reload, start, stop and inspect units, for either scope, so
+the apply steps never spell ``systemctl`` themselves. Unit files are written atomically (temp file +
+rename in the same directory) so systemd never reads a half-written unit.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.errors import RemoteError
+from orchestrator.remote.connection import RemoteHost
+from orchestrator.remote.probes import parse_show, systemctl
+
+SHOW_PROPS = ("Id", "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "LoadState")
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    active: str  # ActiveState: active, activating, failed, inactive, deactivating
+    sub: str
+    main_pid: int
+    restarts: int
+    result: str
+    loaded: str
+
+    @property
+    def running(self) -> bool:
+        return self.active == "active" and self.sub == "running"
+
+
+def unit_dir_expr(scope: str) -> str:
+    """Shell expression for the unit directory (evaluated on the host)."""
+    if scope == "user":
+        return '"${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"'
+    return "/etc/systemd/system"
+
+
+class ServiceManager:
+    def __init__(self, remote: RemoteHost, scope: str) -> None:
+        self.remote = remote
+        self.scope = scope
+        self.ctl = systemctl(scope)
+
+    def _units(self, units: Sequence[str]) -> str:
+        return " ".join(shlex.quote(u) for u in units)
+
+    def install_units(self, source_dir: str, units: Sequence[str]) -> None:
+        """Copy ``units`` from ``source_dir`` (a release's ``units/``) into the unit directory."""
+        if not units:
+            return
+        d = unit_dir_expr(self.scope)
+        cmds = [f"d={d}", 'mkdir -p "$d"']
+        for u in units:
+            src = shlex.quote(f"{source_dir}/{u}")
+            cmds.append(f'cp -f {src} "$d/.{u}.tmp" && mv -f "$d/.{u}.tmp" "$d/{u}"')
+        self.remote.check(" && ".join(cmds), timeout=60, what="installing unit files")
+
+    def remove_units(self, units: Sequence[str]) -> None:
+        if not units:
+            return
+        d = unit_dir_expr(self.scope)
+        files = " ".join(f'"$d/{u}"' for u in units)
+        self.remote.check(f"d={d}; rm -f {files}", timeout=60, what="removing unit files")
+
+    def installed_units(self, pattern: str = "dsv4-*.service") -> list[str]:
+        d = unit_dir_expr(self.scope)
+        res = self.remote.run(f"d={d}; cd \"$d\" 2>/dev/null && ls -1 {pattern} 2>/dev/null",
+                              timeout=30)
+        return sorted(line.strip() for line in res.stdout.splitlines() if line.strip())
+
+    def daemon_reload(self) -> None:
+        self.remote.check(f"{self.ctl} daemon-reload", timeout=120, what="systemctl daemon-reload")
+
+    def start(self, units: Sequence[str]) -> None:
+        if units:
+            # --no-block: the units are Type=simple/exec; readiness is judged by the health checks
+            self.remote.check(f"{self.ctl} start --no-block {self._units(units)}", timeout=120,
+                              what=f"starting {', '.join(units)}")
+
+    def stop(self, units: Sequence[str], timeout: float = 300) -> list[str]:
+        """Stop the units systemd knows (a unit never installed needs no stopping); returns them."""
+        states = self.show(units)
+        units = [u for u in units if u in states and states[u].loaded == "loaded"]
+        if units:
+            self.remote.check(f"{self.ctl} stop {self._units(units)}", timeout=timeout,
+                              what=f"stopping {', '.join(units)}")
+        return list(units)
+
+    def reset_failed(self, units: Sequence[str]) -> None:
+        if units:
+            self.remote.run(f"{self.ctl} reset-failed {self._units(units)}", timeout=60)
+
+    def show(self, units: Sequence[str]) -> dict[str, UnitState]:
+        if not units:
+            return {}
+        props = " ".join(f"-p {p}" for p in SHOW_PROPS)
+        res = self.remote.run(f"{self.ctl} show {props} {self._units(units)}", timeout=60)
+        if not res.ok:
+            raise RemoteError(f"systemctl show failed on host '{self.remote.name}': "
+                              f"{(res.stderr or res.stdout).strip()[:300]}")
+        out = {}
+        for name, b in parse_show(res.stdout).items():
+            out[name] = UnitState(
+                name=name, active=b.get("ActiveState", "unknown"), sub=b.get("SubState", ""),
+                main_pid=int(b.get("MainPID") or 0),
+                restarts=int(b.get("NRestarts") or 0) if (b.get("NRestarts") or "0").isdigit()
+                else 0,
+                result=b.get("Result", ""), loaded=b.get("LoadState", ""),
+            )
+        return out
