@@ -15,9 +15,9 @@ import pytest
 
 from orchestrator.deployment import Deployment
 from orchestrator.paths import data_dir
-from orchestrator.profile.loader import load_profile
+from orchestrator.planner.build import PlanContext, load_context, resolve_deployment
+from orchestrator.profile.loader import load_inventory
 from orchestrator.profile.schema import Profile
-from orchestrator.render.resolve import load_inventory_for, resolve_profile
 
 
 def shipped_profile_paths() -> list[Path]:
@@ -27,8 +27,18 @@ def shipped_profile_paths() -> list[Path]:
 
 
 def resolved(path: Path) -> tuple[Profile, Deployment]:
-    profile = load_profile(path)
-    return profile, resolve_profile(profile, load_inventory_for(path, None))
+    """A profile file and its deployment, resolved the way `dsv4ctl plan` does (catalog facts)."""
+    ctx = load_context(path, None)
+    return ctx.profile, resolve_deployment(ctx)
+
+
+def resolve_inline(profile: Profile) -> Deployment:
+    """A profile built in a test, on the shipped inventory's host."""
+    inv_path = data_dir("profiles") / "inventory.yaml"
+    host_name = str(profile.host)
+    host = load_inventory(inv_path).hosts[host_name]
+    ctx = PlanContext(profile, None, "", host_name, host, inv_path)
+    return resolve_deployment(ctx)
 
 
 @pytest.fixture(scope="session")

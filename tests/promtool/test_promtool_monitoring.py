@@ -27,8 +27,7 @@ from orchestrator.monitoring.selfmetrics import ReleaseMetrics, status_text, tex
 from orchestrator.paths import data_dir
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
-from orchestrator.render.resolve import load_inventory_for, resolve_profile
-from tests.promtool.conftest import resolved, shipped_profile_paths
+from tests.promtool.conftest import resolve_inline, resolved, shipped_profile_paths
 
 HERE = Path(__file__).resolve().parent
 PROFILES = shipped_profile_paths()
@@ -167,7 +166,7 @@ def qa_profile() -> tuple[Profile, Any]:
                                      "queue_high": 10, "ttft_p95_s": 2.0, "itl_p95_s": 0.1,
                                      "spec_accept_length_min": 2.0, "for_minutes": 2}}
     profile = load_text(Profile, yaml.safe_dump(data), "qa.yaml")
-    return profile, resolve_profile(profile, load_inventory_for(base, None))
+    return profile, resolve_inline(profile)
 
 
 def _expand(template: str, labels: dict[str, str]) -> str:
