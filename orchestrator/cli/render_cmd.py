@@ -8,9 +8,7 @@ command bodies (through the renderer).
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -18,44 +16,38 @@ from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 
 class _Side:
-    """One side of a render or diff: the profile, its deployment, its tree and (maybe) its plan."""
+    """One side of a render or diff: the profile, its deployment, its tree and (maybe) its plan.
+
+    Resolution is the planner's (``orchestrator.planner.build``): the same host lookup and catalog
+    defaults as ``dsv4ctl plan``, so render, diff and plan never disagree about a value. Text from
+    ``git show`` is planned from memory; its inventory is the one the working copy would use.
+    """
 
     def __init__(self, text: str, label: str, profile_path: Path | None, inventory: Path | None,
                  *, want_plan: bool) -> None:
-        from orchestrator.profile.loader import load_text
+        from orchestrator.planner.build import (
+            PlanContext,
+            build_plan,
+            host_of,
+            inventory_path_for,
+            resolve_deployment,
+        )
+        from orchestrator.profile.inventory import Host
+        from orchestrator.profile.loader import load_inventory, load_text
         from orchestrator.profile.schema import Profile
         from orchestrator.render import render_release
-        from orchestrator.render.resolve import load_inventory_for, resolve_profile
 
         self.label = label
         self.profile = load_text(Profile, text, label)
-        inv = load_inventory_for(profile_path, inventory)
-        self.deployment = resolve_profile(self.profile, inv)
+        inv_path = inventory_path_for(profile_path, inventory)
+        inv = None
+        if inv_path is not None and not isinstance(self.profile.host, Host):
+            inv = load_inventory(inv_path)
+        name, host = host_of(self.profile, inv, inv_path)
+        ctx = PlanContext(self.profile, Path(label), text, name, host, inv_path)
+        self.deployment = resolve_deployment(ctx)
         self.tree = render_release(self.profile, self.deployment)
-        self.plan = _plan(text, label, profile_path, inventory) if want_plan else None
-
-
-def _plan(text: str, label: str, profile_path: Path | None, inventory: Path | None) -> Any:
-    """The planner's Plan for this profile text, or None while the planner's entry point is absent.
-
-    The planner reads a path; a profile from `git show` is written to a temporary file and its
-    inventory is passed explicitly (the temporary directory has none beside it).
-    """
-    try:
-        from orchestrator.planner.build import plan_from_paths  # type: ignore[import-not-found]
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("orchestrator.planner"):
-            return None
-        raise
-    from orchestrator.render.resolve import default_inventory_path
-
-    inv = inventory or default_inventory_path(profile_path)
-    if profile_path is not None and profile_path.is_file() and profile_path.read_text() == text:
-        return plan_from_paths(profile_path, inv)
-    with tempfile.TemporaryDirectory(prefix="dsv4ctl-diff-") as tmp:
-        path = Path(tmp) / (Path(label).name or "profile.yaml")
-        path.write_text(text, encoding="utf-8")
-        return plan_from_paths(path, inv)
+        self.plan = build_plan(ctx) if want_plan else None
 
 
 def _read(path: Path) -> str:
@@ -67,8 +59,7 @@ def _read(path: Path) -> str:
 _inventory_opt = click.option(
     "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
     envvar="DSV4CTL_INVENTORY", show_envvar=True,
-    help="Inventory file. Default: inventory.yaml beside the profile, then "
-         "./profiles/inventory.yaml.")
+    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
 
 
 @click.command()

@@ -13,6 +13,7 @@ template sees it; templates only lay text out. Engine and router arguments come 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -123,7 +124,9 @@ class ReleaseTree:
         return "\n".join(parts)
 
 
+@functools.cache
 def _env() -> object:
+    """One jinja environment per process: templates compile once."""
     import jinja2
 
     from orchestrator.paths import data_dir
@@ -205,6 +208,8 @@ def _description(dep: Deployment, what: str) -> str:
 def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
                   ) -> dict[str, RenderedFile]:
     field = _role_field(profile, role.name)
+    for i, word in enumerate(role.extra_args):  # precise field names for what cannot be quoted
+        sh_quote(word, f"{field}.extra_args[{i}]")
     argv = engine_argv(dep, role)
     if not argv:
         raise RenderError(f"{field}: empty engine command line")

@@ -137,7 +137,7 @@ def _plan_lines(pa: Plan, pb: Plan) -> tuple[list[str], list[str], list[str]]:
         for name, attr in (("weights", "weights_bytes"), ("KV", "kv_bytes"),
                            ("headroom", "headroom_bytes")):
             o, n = getattr(x, attr), getattr(y, attr)
-            if o != n:
+            if _gib(o) != _gib(n):  # below display precision is noise, not a change
                 parts.append(f"{name} {_delta_gib(o, n)}")
         if x.role != y.role:
             parts.insert(0, f"role {x.role or 'idle'} -> {y.role or 'idle'}")

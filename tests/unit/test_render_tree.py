@@ -15,8 +15,13 @@ from orchestrator.errors import RenderError
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
 from orchestrator.render import render_release
-from orchestrator.render.resolve import resolve_profile
-from tests.validate.helpers import INVENTORY, PROFILES, render_path, render_text, shipped_profiles
+from tests.validate.helpers import (
+    PROFILES,
+    render_path,
+    render_text,
+    resolve_profile,
+    shipped_profiles,
+)
 
 
 @pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
@@ -75,14 +80,8 @@ def test_resolved_profile_is_a_fixpoint(path: Path) -> None:
     _, dep, tree = render_path(path)
     resolved = load_text(Profile, tree.files["profile.yaml"].content, "profile.yaml")
     assert resolved.attention.index_topk == dep.index_topk
-    again = render_release(resolved, resolve_profile(resolved, _inventory()))
+    again = render_release(resolved, resolve_profile(resolved))
     assert again.all_files() == tree.all_files()
-
-
-def _inventory():  # type: ignore[no-untyped-def]
-    from orchestrator.profile.loader import load_inventory
-
-    return load_inventory(INVENTORY)
 
 
 def test_unit_wiring_pd() -> None:

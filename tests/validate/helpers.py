@@ -15,11 +15,21 @@ from orchestrator.deployment import Deployment
 from orchestrator.profile.loader import load_inventory, load_profile, load_text
 from orchestrator.profile.schema import Profile
 from orchestrator.render import ReleaseTree, render_release
-from orchestrator.render.resolve import resolve_profile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "profiles"
 INVENTORY = PROFILES / "inventory.yaml"
+
+
+def resolve_profile(profile: Profile, inventory: object = None) -> Deployment:
+    """The deployment exactly as ``dsv4ctl plan``/``render`` resolve it (planner + catalog)."""
+    from orchestrator.planner.build import PlanContext, host_of, resolve_deployment
+    from orchestrator.profile.inventory import Host
+
+    inv = None if isinstance(profile.host, Host) else load_inventory(INVENTORY)
+    name, host = host_of(profile, inv, INVENTORY)
+    ctx = PlanContext(profile, None, "", name, host, INVENTORY)
+    return resolve_deployment(ctx)
 
 
 def shipped_profiles() -> list[Path]:
@@ -48,7 +58,7 @@ def with_host(profile: Profile, *, install_root: str | None = None, scope: str |
 
 def render_text(text: str, filename: str = "<test>") -> tuple[Profile, Deployment, ReleaseTree]:
     profile = load_text(Profile, text, filename)
-    dep = resolve_profile(profile, load_inventory(INVENTORY))
+    dep = resolve_profile(profile)
     return profile, dep, render_release(profile, dep)
 
 
@@ -56,7 +66,7 @@ def render_path(path: Path, **host: str) -> tuple[Profile, Deployment, ReleaseTr
     profile = load_profile(path)
     if host:
         profile = with_host(profile, **host)
-    dep = resolve_profile(profile, load_inventory(INVENTORY))
+    dep = resolve_profile(profile)
     return profile, dep, render_release(profile, dep)
 
 

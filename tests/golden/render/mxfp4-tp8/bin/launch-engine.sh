@@ -11,6 +11,7 @@ exec /opt/sglang/bin/sglang serve \
   --port 30000 \
   --tp-size 8 \
   --ep-size 8 \
+  --attn-dp-size 8 \
   --moe-runner-backend flashinfer_mxfp4 \
   --kv-cache-dtype fp8_e4m3 \
   --json-model-override-args '{"index_topk": 1024}' \
