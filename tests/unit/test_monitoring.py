@@ -1,0 +1,215 @@
+"""Unit tests of the monitoring files a release ships (orchestrator.monitoring).
+
+Shape and determinism of prometheus.yml / rules.yml / the dashboard, thresholds taken from the
+profile, the dashboard's layout invariants, and the metric-name table checked against the real
+SGLang 0.5.23 source and the sglang-router 0.3.2 binary installed by scripts/setup.sh (read as
+files, not imported).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.errors import RenderError
+from orchestrator.monitoring import dashboard, release_files
+from orchestrator.monitoring.metrics import METRICS
+from orchestrator.paths import data_dir
+from orchestrator.profile.loader import load_text
+from orchestrator.profile.schema import Profile
+from tests.promtool.conftest import resolve_inline, resolved
+
+PD = data_dir("profiles") / "default.yaml"
+COLO = data_dir("profiles") / "mxfp4-tp8.yaml"
+
+
+def variant(base: Path, **changes: Any) -> tuple[Profile, Any]:
+    data = yaml.safe_load(base.read_text())
+    for dotted, value in changes.items():
+        node = data
+        keys = dotted.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    profile = load_text(Profile, yaml.safe_dump(data), "variant.yaml")
+    return profile, resolve_inline(profile)
+
+
+def test_release_files_are_deterministic_and_complete() -> None:
+    profile, dep = resolved(PD)
+    a = release_files(profile, dep)
+    b = release_files(*resolved(PD))
+    assert a == b
+    assert list(a) == ["grafana-dashboard.json", "prometheus.yml", "rules.yml", "rules_test.yml"]
+    for text in a.values():
+        assert text.endswith("\n")
+
+
+def test_scrape_config_pd() -> None:
+    profile, dep = resolved(PD)
+    cfg = yaml.safe_load(release_files(profile, dep)["prometheus.yml"])
+    assert cfg["rule_files"] == ["rules.yml"]
+    assert cfg["global"]["scrape_interval"] == "15s"
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    assert set(jobs) == {"dsv4-default-engine", "dsv4-default-router"}
+    targets = {sc["labels"]["role"]: sc["targets"] for sc in jobs["dsv4-default-engine"]
+               ["static_configs"]}
+    assert targets == {"prefill": [f"127.0.0.1:{dep.role('prefill').port}"],
+                       "decode": [f"127.0.0.1:{dep.role('decode').port}"]}
+    router = jobs["dsv4-default-router"]["static_configs"][0]
+    assert router["targets"] == [f"127.0.0.1:{dep.router.prometheus_port}"]
+    assert router["labels"] == {"deployment": "default", "role": "router"}
+    assert all(j["metrics_path"] == "/metrics" for j in jobs.values())
+
+
+def test_colocated_has_no_router_or_pd_parts() -> None:
+    profile, dep = resolved(COLO)
+    files = release_files(profile, dep)
+    cfg = yaml.safe_load(files["prometheus.yml"])
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["dsv4-mxfp4-tp8-engine"]
+    assert cfg["scrape_configs"][0]["static_configs"][0]["labels"]["role"] == "engine"
+    assert "Router" not in files["rules.yml"] and "PDBootstrap" not in files["rules.yml"]
+    titles = [p["title"] for p in json.loads(files["grafana-dashboard.json"])["panels"]]
+    assert not any("Router" in t or "PD" in t for t in titles)
+    assert not any("Speculative" in t for t in titles)
+
+
+def test_thresholds_come_from_the_profile() -> None:
+    profile, dep = variant(PD, monitoring__alerts={
+        "kv_usage_high": 0.7, "swa_usage_high": 0.85, "queue_high": 7, "ttft_p95_s": 3.5,
+        "itl_p95_s": 0.05, "spec_accept_length_min": 1.25, "for_minutes": 9},
+        speculative={"algorithm": "eagle"}, monitoring__scrape_interval_s=30)
+    files = release_files(profile, dep)
+    alerts = {r["alert"]: r for g in yaml.safe_load(files["rules.yml"])["groups"]
+              for r in g["rules"] if "alert" in r}
+    assert alerts["DSV4KVCacheFullPoolHigh"]["expr"].endswith("> 0.7")
+    assert alerts["DSV4KVCacheSWAPoolHigh"]["expr"].endswith("> 0.85")
+    assert "> 7 and" in alerts["DSV4QueueGrowing"]["expr"]
+    assert alerts["DSV4TTFTHigh"]["expr"].endswith("> 3.5")
+    assert alerts["DSV4ITLHigh"]["expr"].endswith("> 0.05")
+    assert "< 1.25" in alerts["DSV4SpecAcceptanceCollapsed"]["expr"]
+    assert alerts["DSV4KVCacheFullPoolHigh"]["for"] == "9m"
+    assert alerts["DSV4EngineDown"]["for"] == "1m"
+    assert yaml.safe_load(files["prometheus.yml"])["global"]["evaluation_interval"] == "30s"
+    panels = json.loads(files["grafana-dashboard.json"])["panels"]
+    ttft = next(p for p in panels if p["title"] == "Time to first token")
+    assert {"color": "red", "value": 3.5} in ttft["fieldConfig"]["defaults"]["thresholds"]["steps"]
+
+
+def test_every_selector_is_scoped_to_the_deployment() -> None:
+    profile, dep = resolved(PD)
+    files = release_files(profile, dep)
+    exprs = [r["expr"] for g in yaml.safe_load(files["rules.yml"])["groups"] for r in g["rules"]]
+    exprs += [e for _, _, e in dashboard.expressions(json.loads(files["grafana-dashboard.json"]))]
+    for e in exprs:
+        for sel in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{([^}]*)\}", e):
+            assert 'deployment="default"' in sel, e
+
+
+def test_threshold_that_cannot_fire_is_refused() -> None:
+    profile, dep = variant(PD, monitoring__alerts={"ttft_p95_s": 400.0})
+    with pytest.raises(RenderError) as exc:
+        release_files(profile, dep)
+    assert "cannot fire" in exc.value.message and exc.value.fix
+
+
+def test_monitoring_disabled_renders_nothing() -> None:
+    profile, dep = variant(PD, monitoring__enabled=False)
+    assert release_files(profile, dep) == {}
+
+
+def _boxes(panels: list[dict[str, Any]]) -> list[tuple[int, int, int, int, int]]:
+    return [(p["id"], p["gridPos"]["x"], p["gridPos"]["y"], p["gridPos"]["w"], p["gridPos"]["h"])
+            for p in panels]
+
+
+def overlapping(boxes: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for i, (a, ax, ay, aw, ah) in enumerate(boxes):
+        for b, bx, by, bw, bh in boxes[i + 1:]:
+            if ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah:
+                out.append((a, b))
+    return out
+
+
+@pytest.mark.parametrize("path", [PD, COLO], ids=["pd", "colocated"])
+def test_dashboard_layout_and_import_shape(path: Path) -> None:
+    profile, dep = resolved(path)
+    doc = json.loads(release_files(profile, dep)["grafana-dashboard.json"])
+    panels = doc["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    boxes = _boxes(panels)
+    for pid, x, _y, w, h in boxes:
+        assert x >= 0 and x + w <= 24 and w > 0 and h > 0, pid
+    assert overlapping(boxes) == []
+    assert doc["__inputs"][0]["name"] == "DS_PROMETHEUS"
+    assert doc["__inputs"][0]["pluginId"] == "prometheus"
+    var = doc["templating"]["list"][0]
+    assert var["type"] == "datasource" and var["query"] == "prometheus"
+    for p in panels:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["targets"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs))
+    assert doc["uid"] == f"dsv4-{dep.name}" and doc["id"] is None
+    titles = {p["title"] for p in panels}
+    for needed in ("KV token usage per pool", "KV tokens used / capacity", "Running requests",
+                   "Queued requests", "Generation throughput", "Time to first token",
+                   "Inter-token latency", "End-to-end latency", "Prefix cache hit rate"):
+        assert needed in titles
+    if dep.router is not None:
+        assert {"PD queues", "KV transfer latency", "KV transfer speed", "Router requests",
+                "Worker health"} <= titles
+
+
+def test_dashboard_overlap_check_can_fail() -> None:
+    """Control for the overlap check: a panel placed on another one is reported."""
+    profile, dep = resolved(PD)
+    panels = dashboard.layout(dashboard.rows(profile, dep))
+    clash = {**panels[3], "id": 999, "gridPos": {**panels[3]["gridPos"], "x": 2}}  # over 2 and 3
+    assert overlapping(_boxes([*panels, clash])) == [(panels[1]["id"], 999),
+                                                     (panels[2]["id"], 999)]
+
+
+def test_speculative_row_only_when_enabled() -> None:
+    profile, dep = variant(PD, speculative={"algorithm": "eagle"})
+    doc = json.loads(release_files(profile, dep)["grafana-dashboard.json"])
+    assert any(p["title"] == "Acceptance length" for p in doc["panels"])
+
+
+def _package_file(pkg: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(pkg)
+    assert spec is not None and spec.submodule_search_locations, (
+        f"{pkg} is not installed; scripts/setup.sh full installs it (requirements/parsers.txt)")
+    return Path(next(iter(spec.submodule_search_locations)), *parts)
+
+
+def test_sglang_metric_names_exist_in_sglang_0_5_23() -> None:
+    src = _package_file("sglang", "srt", "observability", "metrics_collector.py").read_text()
+    kinds = {"gauge": "Gauge", "counter": "Counter", "histogram": "Histogram"}
+    for m in METRICS.values():
+        if not m.name.startswith("sglang:"):
+            continue
+        at = src.find(f'name="{m.name}"')
+        assert at >= 0, f"{m.name} is not declared in sglang 0.5.23 metrics_collector.py"
+        decl = src[max(0, src.rfind("=", 0, at) - 80):at]
+        assert kinds[m.type] + "(" in decl, f"{m.name}: declared type differs from {m.type}"
+
+
+def test_router_metric_names_exist_in_router_0_3_2() -> None:
+    pkg = _package_file("sglang_router")
+    binaries = list(pkg.glob("sglang_router_rs*.so"))
+    assert binaries, f"no sglang_router_rs extension in {pkg}"
+    blob = binaries[0].read_bytes()
+    for m in METRICS.values():
+        if m.name.startswith("smg_"):
+            assert m.name.encode() in blob, f"{m.name} not found in {binaries[0].name}"
