@@ -24,7 +24,7 @@ in the same order of floating-point operations, what SGLang 0.5.23 does at start
        swa   = int(full * swa_full_tokens_ratio) // page * page          # ValueError if too small
        c4 = full // (4 * hisparse_ratio); c128 = full // 128; c4_state = swa // page * ring4
 
-3. ``KVCacheConfigurator.resolve_max_num_reqs`` (L3117-3172): running requests per worker =
+3. ``KVCacheConfigurator.resolve_max_num_reqs`` (L3119-3172): running requests per worker =
    ``min(max_running_requests // attn_dp_size, full // 2)``; then
    ``DSV4PoolConfigurator.finalize_with_max_running_requests`` sizes the c128 state pool.
 
@@ -160,7 +160,7 @@ class KVPoolInputs:
     # Derived views -----------------------------------------------------------------------------
     @property
     def stage_ratios(self) -> tuple[int, ...]:
-        """``cfg.compress_ratios[start:end]`` (pool_configurator.py L1120)."""
+        """``cfg.compress_ratios[start:end]`` (pool_configurator.py L1118)."""
         return self.compress_ratios[: self.num_hidden_layers]
 
     @property
@@ -258,7 +258,7 @@ def _validate(x: KVPoolInputs) -> None:
           x.disaggregation_decode_extra_slots, "must be >= 0", "use 0")
     h = x.hisparse_host_to_device_ratio
     _need(h is None or (isinstance(h, int) and h >= 1), "hisparse_host_to_device_ratio", h,
-          "pool_configurator.py L1155 asserts c4_shrink_factor >= 1", "omit it or pass an int >= 1")
+          "pool_configurator.py L1156 asserts c4_shrink_factor >= 1", "omit it or pass an int >= 1")
     _validate_spec(x)
 
 
@@ -578,9 +578,10 @@ def pool_bytes(x: KVPoolInputs, t: PoolTokens) -> PoolBytes:
     """What ``DeepSeekV4TokenToKVPool.__init__`` allocates for these token counts (CUDA, V4 layout).
 
     SWA/c4/c128: ``DeepSeekV4SingleKVPool._create_buffers`` (pages of ``KVLayout.page_bytes``);
-    indexer: ``DeepSeekV4IndexerPool._create_buffer`` with size ``c128 * 32`` (L1042,
-    c4_logical_size) and the real FP8/FP4 width; state: ``CompressStatePool`` rows =
-    ceil((size + ring + 1) / ratio) * ratio (deepseek_v4_compress_state.py L159-179).
+    indexer: ``DeepSeekV4IndexerPool._create_buffer`` with size ``c128 * 32``
+    (``c4_logical_size``, deepseek_v4_memory_pool.py L1000) and the real FP8/FP4 width; state:
+    ``CompressStatePool`` rows = ceil((size + ring + 1) / ratio) * ratio
+    (deepseek_v4_compress_state.py L159-179).
     """
     page, n_layers, n4, n128 = x.page_size, len(x.stage_ratios), x.n_c4, x.n_c128
     dt = x.state_dtype_bytes
