@@ -48,6 +48,8 @@ def yaml_text(data: Any) -> str:
 
 
 def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
+    """prometheus.yml for a Prometheus on the deployment's host: the engines listen on loopback
+    only (``orchestrator.render.argv.ENGINE_HOST``), so targets are 127.0.0.1:<port>."""
     interval = f"{profile.monitoring.scrape_interval_s}s"
     engine_targets = [
         {"targets": [f"127.0.0.1:{r.port}"], "labels": {"deployment": dep.name, "role": r.name}}
