@@ -38,26 +38,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- Python packages for the tests ---
-# CPU torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
-if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-  log "installing CPU torch 2.13.0"
-  "${pip[@]}" install 'torch==2.13.0'
+# requirements/parsers.txt is a complete pinned closure (CPU torch from the local wheel, the real
+# SGLang 0.5.23 and sglang-router 0.3.2, what their parsers import): installed with --no-deps because
+# sglang's metadata would otherwise pull a multi-GB CUDA stack that a CPU machine neither needs nor runs.
+if ! .venv/bin/python -c 'import torch, sglang, sglang_router' 2>/dev/null; then
+  log "installing CPU torch and the real SGLang/router parsers (requirements/parsers.txt)"
+  "${pip[@]}" install --no-deps -r requirements/parsers.txt
 fi
 for req in requirements/test.txt requirements/probes.txt requirements/kernels.txt; do
   [ -f "$req" ] && "${pip[@]}" install -r "$req"
 done
-# The real engine parsers: SGLang is installed without its (CUDA) dependencies; the parser needs only a
-# few packages, listed in requirements/parsers.txt (see shared research env-probe §3).
-if [ -f requirements/parsers.txt ]; then
-  if ! .venv/bin/python -c 'import sglang, sglang_router' 2>/dev/null; then
-    log "installing the real SGLang 0.5.23 and sglang-router 0.3.2 parsers"
-  fi
-  grep -E '^[^#].*--no-deps' requirements/parsers.txt | sed 's/--no-deps//' | while read -r r; do
-    [ -n "$r" ] && "${pip[@]}" install --no-deps $r
-  done
-  grep -vE '^\s*#|--no-deps|^\s*$' requirements/parsers.txt > .venv/parsers-deps.txt || true
-  [ -s .venv/parsers-deps.txt ] && "${pip[@]}" install -r .venv/parsers-deps.txt
-fi
 if [ -f kernels/pyproject.toml ] && ! .venv/bin/python -c 'import dsv4_kernels' 2>/dev/null; then
   log "installing the bundled kernels package (editable)"
   "${pip[@]}" install --no-deps -e kernels/
