@@ -18,7 +18,9 @@ Rules, with sources:
 - EnvironmentFile= (systemd.exec(5)): ``KEY="value"``; inside double quotes a backslash escapes
   ``"``, ``\\``, `````, ``$`` (systemd src/basic/env-file.c, ``SHELL_NEED_ESCAPE``). No specifiers
   are expanded there. Newlines are refused (legal in quotes, but one line per variable keeps the
-  file reviewable and the parse unambiguous).
+  file reviewable and the parse unambiguous). systemd 252 reads ``$`` and backticks in an env file
+  literally either way (tests/validate/test_systemd_live.py checks the whole corpus against a live
+  ``systemd --user``); escaping them keeps the file literal under a parser that expands too.
 """
 
 from __future__ import annotations

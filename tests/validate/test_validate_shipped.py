@@ -1,8 +1,8 @@
-"""Every shipped profile's rendered output through the real tools:
-``systemd-analyze verify`` (system
-and user scope), ``promtool check config``, and the real SGLang 0.5.23 and sglang-router 0.3.2
-argument parsers. Any complaint fails; a missing tool fails too (CI installs them: apt ``systemd``,
-``prometheus``; the parsers via requirements/parsers.txt).
+"""Every shipped profile's rendered output through the real tools.
+
+``systemd-analyze verify`` (system and user scope), ``promtool check config``, and the real SGLang
+0.5.23 and sglang-router 0.3.2 argument parsers. Any complaint fails; a missing tool fails too (CI
+installs them: apt ``systemd``, ``prometheus``; the parsers via requirements/parsers.txt).
 
 ``systemd-analyze verify`` exits 0 on parse warnings, so stderr is the signal (env-probe §5). It
 also requires ExecStart= to exist and be executable, so each tree is rendered with a temporary
