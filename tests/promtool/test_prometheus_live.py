@@ -25,8 +25,7 @@ from orchestrator.monitoring import release_files
 from orchestrator.paths import data_dir
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
-from tests.integration.test_probes import Sims, free_port
-from tests.promtool.conftest import resolve_inline
+from tests.promtool.support import Sims, free_port, resolve_inline
 
 
 def query(base: str, q: str) -> list[dict[str, Any]]:

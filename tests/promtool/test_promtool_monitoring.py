@@ -27,7 +27,7 @@ from orchestrator.monitoring.selfmetrics import ReleaseMetrics, status_text, tex
 from orchestrator.paths import data_dir
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
-from tests.promtool.conftest import resolve_inline, resolved, shipped_profile_paths
+from tests.promtool.support import resolve_inline, resolved, shipped_profile_paths
 
 HERE = Path(__file__).resolve().parent
 PROFILES = shipped_profile_paths()

@@ -23,7 +23,7 @@ from orchestrator.monitoring.metrics import METRICS
 from orchestrator.paths import data_dir
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
-from tests.promtool.conftest import resolve_inline, resolved
+from tests.promtool.support import resolve_inline, resolved
 
 PD = data_dir("profiles") / "default.yaml"
 COLO = data_dir("profiles") / "mxfp4-tp8.yaml"

@@ -1,0 +1,126 @@
+"""Helpers shared by the monitoring and probe tests: shipped profiles resolved like `dsv4ctl plan`
+does, profiles built in a test, and engine/router simulator processes on 127.0.0.1.
+
+The simulators (tests/sim, owned by the simulator) are started as plain local processes; each one
+gets its behaviour switches through `by_port` in a control file shared by the test's processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from orchestrator.deployment import Deployment
+from orchestrator.paths import data_dir
+from orchestrator.planner.build import PlanContext, load_context, resolve_deployment
+from orchestrator.profile.loader import load_inventory
+from orchestrator.profile.schema import Profile
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "deepseek-v4-flash"
+
+
+def shipped_profile_paths() -> list[Path]:
+    paths = sorted(p for p in data_dir("profiles").glob("*.yaml") if p.name != "inventory.yaml")
+    assert paths, "no shipped profiles found"
+    return paths
+
+
+def resolved(path: Path) -> tuple[Profile, Deployment]:
+    """A profile file and its deployment, resolved the way `dsv4ctl plan` does (catalog facts)."""
+    ctx = load_context(path, None)
+    return ctx.profile, resolve_deployment(ctx)
+
+
+def resolve_inline(profile: Profile) -> Deployment:
+    """A profile built in a test, on the shipped inventory's host."""
+    inv_path = data_dir("profiles") / "inventory.yaml"
+    host_name = str(profile.host)
+    host = load_inventory(inv_path).hosts[host_name]
+    ctx = PlanContext(profile, None, "", host_name, host, inv_path)
+    return resolve_deployment(ctx)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"simulator exited with {proc.returncode} before becoming ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout} s")
+
+
+class Sims:
+    """Starts simulator processes; every one shares a control file keyed by port."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.control: dict[str, Any] = {"by_port": {}}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        (tmp / "model").mkdir()
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "DSV4_SIM_CONTROL": str(self.tmp / "sim-control.json"),
+                "DSV4_SIM_RUNS": str(self.tmp / "sim-runs.jsonl"),
+                "PYTHONPATH": str(REPO)}
+
+    def _spawn(self, args: list[str], port: int, switches: dict[str, Any], ready: str
+               ) -> str:
+        self.control["by_port"][str(port)] = switches
+        (self.tmp / "sim-control.json").write_text(json.dumps(self.control))
+        log = open(self.tmp / f"sim-{port}.log", "wb")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=self._env(),
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + ready, proc)
+        return url
+
+    def engine(self, *, mode: str | None = None, parsers: bool = True, **switches: Any) -> str:
+        port = free_port()
+        args = ["tests.sim.engine", "serve", "--model-path", str(self.tmp / "model"),
+                "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+                "--enable-metrics", "--sampling-defaults", "model",
+                "--preferred-sampling-params", '{"temperature": 1.0, "top_p": 0.95}']
+        if parsers:
+            args += ["--reasoning-parser", "deepseek-v4", "--tool-call-parser", "deepseekv4"]
+        if mode is not None:
+            boot = free_port()
+            args += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend",
+                     "mooncake_tcp", "--disaggregation-bootstrap-port", str(boot)]
+        return self._spawn(args, port, switches, "/ready")
+
+    def router(self, prefill: str, decode: str) -> str:
+        port = free_port()
+        boot = 8998
+        args = ["tests.sim.router", "--pd-disaggregation", "--prefill", prefill, str(boot),
+                "--decode", decode, "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        return self._spawn(args, port, {}, "/readiness")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
