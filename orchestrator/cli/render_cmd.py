@@ -108,12 +108,36 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
     if to_stdout:
         click.echo(side.tree.to_text(), nl=False)
     if out_dir is not None:
+        _prepare_out_dir(out_dir, set(side.tree.all_files()))
         written = side.tree.write(out_dir)
         restarts = sorted({r for f in side.tree.files.values() for r in f.roles})
         click.echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
                    f"(tree {side.tree.digest()}; roles {', '.join(restarts)})",
                    err=to_stdout)
     return 0
+
+
+def _prepare_out_dir(out_dir: Path, new_files: set[str]) -> None:
+    """Re-rendering into a previous render's directory removes the files the new tree no longer
+    has (listed in the old manifest), so the directory is exactly the tree; any other non-empty
+    directory is refused rather than mixed with."""
+    import json
+
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return
+    manifest = out_dir / "manifest.json"
+    try:
+        old = set(json.loads(manifest.read_text())["files"]) | {"manifest.json"}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DsvError(f"{out_dir} is not empty and holds no dsv4ctl manifest.json",
+                       fix="render into an empty or new directory") from None
+    present = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file()}
+    foreign = sorted(present - old)
+    if foreign:
+        raise DsvError(f"{out_dir} holds files that are not part of its release tree: "
+                       f"{', '.join(foreign[:5])}", fix="render into an empty or new directory")
+    for rel in sorted(old - new_files):
+        (out_dir / rel).unlink(missing_ok=True)
 
 
 def _git_show(rev: str, path: Path) -> tuple[str, str]:

@@ -196,6 +196,7 @@ def _common_unit(dep: Deployment, profile: Profile, role: str) -> dict[str, obje
         "log_file": unit_path(f"{root}/logs/{role}.log", "host.install_root"),
         "exec_start": exec_line([f"{root}/current/bin/launch-{role}.sh"], "host.install_root"),
         "wanted_by": "multi-user.target" if dep.scope == "system" else "default.target",
+        "system_scope": dep.scope == "system",
     }
 
 

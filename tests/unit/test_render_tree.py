@@ -106,6 +106,7 @@ def test_user_scope_and_kernels_off() -> None:
     _, _, tree = render_path(PROFILES / "default.yaml", scope="user")
     unit = tree.files["units/dsv4-default-decode.service"].content
     assert "WantedBy=default.target" in unit and "network-online" not in unit
+    assert "LimitNOFILE=" not in unit  # an unprivileged user manager cannot raise hard limits
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     data["kernels"] = {"enabled": False}
     _, _, tree = render_text(yaml.safe_dump(data))
