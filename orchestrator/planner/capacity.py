@@ -95,8 +95,11 @@ def _kv_inputs(cat: Catalog, model: ModelVariant, dep: Deployment, role: RoleDep
         max_running_requests=mrr,
         attn_dp_size=role.attn_dp,
         speculative_algorithm=_SPEC[dep.speculative_algorithm],  # type: ignore[arg-type]
-        speculative_num_draft_tokens=dep.speculative_num_draft_tokens,
-        dspark_block_size=dep.speculative_dspark_block_size,
+        # kvpool refuses draft sizes for an algorithm that does not use them
+        speculative_num_draft_tokens=(dep.speculative_num_draft_tokens
+                                      if dep.speculative_algorithm == "eagle" else None),
+        dspark_block_size=(dep.speculative_dspark_block_size
+                           if dep.speculative_algorithm == "dspark" else None),
         disaggregation_mode=role.disaggregation_mode or "null",
         context_length=dep.context_length,
     )
