@@ -203,12 +203,16 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float, a
 
 @probe.command("chat")
 @_with_common
-@click.option("--temperature", "expect_temperature", default=1.0, show_default=True,
-              type=float, help="Expected default temperature (the profile's).")
-@click.option("--top-p", "expect_top_p", default=0.95, show_default=True, type=float,
-              help="Expected default top_p (the profile's).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Take the expected sampling defaults (and --model) from this "
+                                 "profile.")
+@click.option("--temperature", "expect_temperature", default=None, type=float,
+              help="Expected default temperature. Default: the profile's, else 1.0.")
+@click.option("--top-p", "expect_top_p", default=None, type=float,
+              help="Expected default top_p. Default: the profile's, else 0.95.")
 def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
-             expect_temperature: float, expect_top_p: float) -> int:
+             profile_path: Path | None, expect_temperature: float | None,
+             expect_top_p: float | None) -> int:
     """Check reasoning separation, parsed tool calls and sampling defaults.
 
     Exits 1 and names the failing behaviour when reasoning leaks into the answer, a tool call
@@ -219,6 +223,19 @@ def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float, a
     from orchestrator.probes.qualify import run_sync
 
     ep = _endpoint(url, api_key, timeout)
+    if profile_path is not None:
+        from orchestrator.profile.loader import load_profile
+
+        prof = load_profile(profile_path)
+        defaults = prof.serving.sampling_defaults
+        expect_temperature = defaults.temperature if expect_temperature is None \
+            else expect_temperature
+        expect_top_p = defaults.top_p if expect_top_p is None else expect_top_p
+        model = model or prof.model.served_name
+    if expect_temperature is None:
+        expect_temperature = 1.0
+    if expect_top_p is None:
+        expect_top_p = 0.95
 
     async def go() -> Any:
         name = await resolve_model(ep, model)

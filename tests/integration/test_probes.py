@@ -120,6 +120,16 @@ def test_cli_probe_commands(sims: Sims, capsys: pytest.CaptureFixture[str],
     assert main(["probe", "chat", "--url", leak]) == 1
     out = capsys.readouterr().out
     assert "FAIL  reasoning" in out and "reasoning leaked into content" in out
+    # Expected defaults from a profile: the shipped one matches the server, a changed one not.
+    assert main(["probe", "chat", "--url", good, "--profile",
+                 str(REPO / "profiles" / "default.yaml")]) == 0
+    changed = tmp_path / "cold.yaml"
+    changed.write_text((REPO / "profiles" / "default.yaml").read_text().replace(
+        "temperature: 1.0", "temperature: 0.6"))
+    capsys.readouterr()
+    assert main(["probe", "chat", "--url", good, "--profile", str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  sampling_defaults" in out and "'temperature': 0.6" in out
     png = tmp_path / "recall.png"
     assert main(["probe", "recall", "--url", good, "--model", MODEL, "--lengths", "1k,4k,8k",
                  "--depths", "0,1", "--plot", str(png), "--min-full-recall", "4000"]) == 0
