@@ -25,6 +25,7 @@ class _Side:
 
     def __init__(self, text: str, label: str, profile_path: Path | None, inventory: Path | None,
                  *, want_plan: bool) -> None:
+        from orchestrator.catalog.errors import CatalogError
         from orchestrator.planner.build import (
             PlanContext,
             build_plan,
@@ -45,9 +46,12 @@ class _Side:
             inv = load_inventory(inv_path)
         name, host = host_of(self.profile, inv, inv_path)
         ctx = PlanContext(self.profile, Path(label), text, name, host, inv_path)
-        self.deployment = resolve_deployment(ctx)
-        self.tree = render_release(self.profile, self.deployment)
-        self.plan = build_plan(ctx) if want_plan else None
+        try:
+            self.deployment = resolve_deployment(ctx)
+            self.tree = render_release(self.profile, self.deployment)
+            self.plan = build_plan(ctx) if want_plan else None
+        except CatalogError as exc:  # as plan_from_paths does: a typed error, never a traceback
+            raise DsvError(f"{label}: {exc}", fix=getattr(exc, "fix", None)) from None
 
 
 def _read(path: Path) -> str:
