@@ -16,11 +16,14 @@ import copy
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orchestrator.errors import InputError, RenderError
 from orchestrator.profile.loader import load_inventory, load_text
@@ -169,3 +172,37 @@ def test_corpus_exercises_both_outcomes() -> None:
         except RenderError:
             outcomes["render_error"] += 1
     assert all(outcomes.values()), outcomes
+
+
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=24)
+
+
+@given(extra=st.lists(_TEXT, max_size=4), env_value=_TEXT)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_random_strings_reach_the_engine_unchanged(extra: list[str], env_value: str,
+                                                   tmp_path: Path, fake_env: Path) -> None:
+    """Beyond the corpus: arbitrary Unicode in extra_args and env values is refused with the field
+    named, or reaches the engine's argv word for word with no command run."""
+    data = copy.deepcopy(BASE)
+    data["engine"]["env"] = str(fake_env)
+    data["topology"]["decode"]["extra_args"] = extra
+    data["topology"]["decode"]["env"] = {"RANDOM": env_value}
+    try:
+        _, dep, tree = _render(data)
+    except RenderError as exc:
+        assert "topology.decode.extra_args[" in exc.message or \
+            "topology.decode.env.RANDOM" in exc.message, exc.message
+        assert any(ord(c) < 32 or ord(c) == 127 for c in "".join(extra) + env_value)
+        return
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    root = work / "root"
+    current = materialize(tree, root)
+    role = dep.role("decode")
+    assert _run_script(current / "bin" / "launch-decode.sh", work) == [
+        "serve", *engine_argv(dep, role)]
+    assert engine_argv(dep, role)[len(engine_argv(dep, role)) - len(extra):] == extra
+    assert sorted(p.name for p in work.iterdir()) == ["argv.bin", "root"]
+    line = next(ln for ln in tree.files["env/decode.env"].content.splitlines()
+                if ln.startswith("RANDOM="))
+    assert ENV_LINE.match(line), line
