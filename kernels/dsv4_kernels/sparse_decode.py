@@ -1,0 +1,419 @@
+"""Sparse-MLA decode over the MODEL1 FP8 KV cache (DeepSeek-V4), in Triton.
+
+Why this exists: SGLang 0.5.23's sm_120 fallback (``flash_mla_sm120_triton``) runs one program
+per (request, head) on CUDA cores, dequantizing every KV row once per head; its split-K peer
+(``dsv4/triton_sparse_decode``) shares few heads per tile. Here one program owns a row and a
+block of up to 64 heads, so each gathered KV tile is loaded and dequantized once for all of
+them, and both products (``Q K^T`` and ``P V``) run on tensor cores through ``tl.dot``.
+
+Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
+
+* Keys are the SWA index list followed by the "extra" (compressed) index list, one
+  concatenated range processed in one launch, as FlashMLA schedules it.
+* Each row's valid lengths are read on the device; the range is cut into ``NSPLIT`` equal
+  shares of the row's *valid* tiles (adaptive split-K), so short rows cost little and idle
+  splits exit at once. The grid depends only on static shapes: capture-safe, no host sync.
+* Online softmax in base 2; splits write fp32 partial O and LSE that a combine kernel merges
+  with a log-sum-exp; one split writes the result directly.
+* Output convention of FlashMLA: ``out [B, s_q, H, 512]`` bf16, ``lse [B, H, s_q]`` fp32 natural
+  log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
+  rows without keys give ``out = 0`` and ``lse = +inf``.
+* Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V. At BT=32 the
+  shared-memory need stays under sm_120's 99 KB per block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import device_sms, interpreting
+from .layout import BYTES_PER_TOKEN, HEAD_DIM, flat_bytes, model1_geometry
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _nope_chunk(u8_ptr, base, sbase, valid, C: tl.constexpr, DT: tl.constexpr):
+    """Columns [64C, 64C+64) of a gathered tile: FP8 E4M3 times its UE8M0 scale, as DT."""
+    d = tl.arange(0, 64)
+    raw = tl.load(u8_ptr + base[:, None] + (C * 64 + d)[None, :], mask=valid[:, None], other=0)
+    e = tl.load(u8_ptr + sbase + C, mask=valid, other=0)
+    # UE8M0: the byte is the fp32 exponent field, so shifting it into place decodes 2^(e-127);
+    # a power of two makes the product exact in bf16 as well as fp32.
+    scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(DT)
+    return raw.to(tl.float8e4nv, bitcast=True).to(DT) * scale[:, None]
+
+
+@triton.jit
+def _rope_chunk(bf16_ptr, base, valid, DT: tl.constexpr):
+    """Columns [448, 512) of a gathered tile: the 64 BF16 rope values (bytes 448..575)."""
+    d = tl.arange(0, 64)
+    return tl.load(bf16_ptr + (base // 2 + 224)[:, None] + d[None, :], mask=valid[:, None],
+                   other=0.0).to(DT)
+
+
+@triton.jit
+def _kv_chunk(u8_ptr, bf16_ptr, base, sbase, valid, c, DT: tl.constexpr):
+    """Chunk ``c`` (a runtime value, 0..7) of a gathered tile: FP8 chunk or the rope chunk."""
+    if c < 7:
+        x = _nope_chunk(u8_ptr, base, sbase, valid, c, DT)
+    else:
+        x = _rope_chunk(bf16_ptr, base, valid, DT)
+    return x
+
+
+@triton.jit
+def _attend_tile(
+    u8_ptr, bf16_ptr, idx_row_ptr, t_start, n_valid, page_size, page_bytes,
+    q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, a0, a1, a2, a3, c0, qk_scale,
+    BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Gather BT tokens and run one online-softmax step for BH heads on half of the V columns.
+
+    ``Q K^T`` needs all 512 columns, streamed as eight 64-wide chunks (seven FP8 chunks with
+    their own scale, then the BF16 rope chunk) so that no [BT, 512] gather with per-element
+    64-bit addresses is ever live; this program then accumulates ``P V`` only for chunks
+    ``c0 .. c0+3`` (re-read from L1), which halves the fp32 accumulator. Both changes remove the
+    register spills of the first version (NOTES.md v1, v2).
+    """
+    offs_t = t_start + tl.arange(0, BT)
+    in_range = offs_t < n_valid
+    idx = tl.load(idx_row_ptr + offs_t, mask=in_range, other=-1)
+    valid = in_range & (idx >= 0)
+    safe = tl.where(valid, idx, 0).to(tl.int64)
+    page = safe // page_size
+    off = safe - page * page_size
+    base = page * page_bytes + off * 576
+    sbase = page * page_bytes + page_size * 576 + off * 8
+    s = tl.dot(q0, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 0, DT)),
+               input_precision=PREC)
+    s = tl.dot(q1, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 1, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q2, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 2, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q3, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 3, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q4, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 4, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q5, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 5, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q6, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 6, DT)), s,
+               input_precision=PREC)
+    s = tl.dot(q7, tl.trans(_rope_chunk(bf16_ptr, base, valid, DT)), s, input_precision=PREC)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pd = p.to(DT)
+    a0 = tl.dot(pd, _kv_chunk(u8_ptr, bf16_ptr, base, sbase, valid, c0, DT),
+                a0 * alpha[:, None], input_precision=PREC)
+    a1 = tl.dot(pd, _kv_chunk(u8_ptr, bf16_ptr, base, sbase, valid, c0 + 1, DT),
+                a1 * alpha[:, None], input_precision=PREC)
+    a2 = tl.dot(pd, _kv_chunk(u8_ptr, bf16_ptr, base, sbase, valid, c0 + 2, DT),
+                a2 * alpha[:, None], input_precision=PREC)
+    a3 = tl.dot(pd, _kv_chunk(u8_ptr, bf16_ptr, base, sbase, valid, c0 + 3, DT),
+                a3 * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _store_chunk(ptr, row_off, heads, hmask, stride_h, C: tl.constexpr, x):
+    d = tl.arange(0, 64)
+    tl.store(ptr + row_off + heads[:, None] * stride_h + (C * 64 + d)[None, :],
+             x.to(ptr.dtype.element_ty), mask=hmask[:, None])
+
+
+@triton.jit
+def _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, C: tl.constexpr, DT: tl.constexpr):
+    d = tl.arange(0, 64)
+    return tl.load(q_ptr + row_off + heads[:, None] * stride_qh + (C * 64 + d)[None, :],
+                   mask=hmask[:, None], other=0.0).to(DT)
+
+
+@triton.jit
+def _sparse_decode_kernel(
+    q_ptr, stride_qr, stride_qh,
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    r = tl.program_id(0)
+    hb = tl.program_id(1) // 2
+    half = tl.program_id(1) % 2  # which 256 output columns this program accumulates
+    c0 = half * 4
+    sp = tl.program_id(2)
+    bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    q_row = r.to(tl.int64) * stride_qr
+    q0 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 0, DT)
+    q1 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 1, DT)
+    q2 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 2, DT)
+    q3 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 3, DT)
+    q4 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 4, DT)
+    q5 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 5, DT)
+    q6 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 6, DT)
+    q7 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 7, DT)
+
+    n_a = a_topk
+    if A_HAS_LEN:
+        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
+    n_a = tl.maximum(n_a, 0)
+    n_b = 0
+    if HAS_B:
+        n_b = b_topk
+        if B_HAS_LEN:
+            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
+        n_b = tl.maximum(n_b, 0)
+    tiles_a = tl.cdiv(n_a, BT)
+    total = tiles_a + tl.cdiv(n_b, BT)
+    per = tl.cdiv(total, NSPLIT)
+    lo = sp * per
+    hi = tl.minimum(lo + per, total)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    a0 = tl.zeros([BH, 64], tl.float32)
+    a1 = tl.zeros([BH, 64], tl.float32)
+    a2 = tl.zeros([BH, 64], tl.float32)
+    a3 = tl.zeros([BH, 64], tl.float32)
+    a_row = a_idx + r.to(tl.int64) * stride_ar
+    for t in range(lo, tl.minimum(hi, tiles_a)):
+        m_i, l_i, a0, a1, a2, a3 = _attend_tile(
+            a_u8, a_bf16, a_row, t * BT, n_a, a_ps, a_pb, q0, q1, q2, q3, q4, q5, q6, q7,
+            m_i, l_i, a0, a1, a2, a3, c0, qk_scale, BT, DT, PREC)
+    if HAS_B:
+        b_row = b_idx + r.to(tl.int64) * stride_br
+        for t in range(tl.maximum(lo, tiles_a), hi):
+            m_i, l_i, a0, a1, a2, a3 = _attend_tile(
+                b_u8, b_bf16, b_row, (t - tiles_a) * BT, n_b, b_ps, b_pb,
+                q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, a0, a1, a2, a3, c0, qk_scale,
+                BT, DT, PREC)
+
+    has = l_i > 0.0
+    safe_l = tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        f = 1.0 / safe_l
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+            f = f * (1.0 / (1.0 + tl.exp(sink - lse)))
+        f = tl.where(has, f, 0.0)[:, None]
+        lse = tl.where(has, lse, float("inf"))
+        o_row = r.to(tl.int64) * stride_or
+        _store_chunk(o_ptr, o_row + c0 * 64, heads, hmask, stride_oh, 0, a0 * f)
+        _store_chunk(o_ptr, o_row + c0 * 64, heads, hmask, stride_oh, 1, a1 * f)
+        _store_chunk(o_ptr, o_row + c0 * 64, heads, hmask, stride_oh, 2, a2 * f)
+        _store_chunk(o_ptr, o_row + c0 * 64, heads, hmask, stride_oh, 3, a3 * f)
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse,
+                 mask=hmask & ((heads * 0 + half) == 0))
+    else:
+        prow = (r * NSPLIT + sp).to(tl.int64) * H * 512
+        f = (1.0 / safe_l)[:, None]
+        _store_chunk(op_ptr, prow + c0 * 64, heads, hmask, 512, 0, a0 * f)
+        _store_chunk(op_ptr, prow + c0 * 64, heads, hmask, 512, 1, a1 * f)
+        _store_chunk(op_ptr, prow + c0 * 64, heads, hmask, 512, 2, a2 * f)
+        _store_chunk(op_ptr, prow + c0 * 64, heads, hmask, 512, 3, a3 * f)
+        tl.store(lp_ptr + (r * NSPLIT + sp).to(tl.int64) * H + heads, lse2,
+                 mask=hmask & ((heads * 0 + half) == 0))
+
+
+@triton.jit
+def _combine_kernel(
+    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr,
+):
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    bidx = r // s_q
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    dd = tl.arange(0, 512)
+    gmax = tl.full([BH], float("-inf"), tl.float32)
+    for s in range(NSPLIT):
+        lp = tl.load(lp_ptr + (r * NSPLIT + s).to(tl.int64) * H + heads, mask=hmask,
+                     other=float("-inf"))
+        gmax = tl.maximum(gmax, lp)
+    gm = tl.where(gmax == float("-inf"), 0.0, gmax)
+    tot = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, 512], tl.float32)
+    for s in range(NSPLIT):
+        prow = (r * NSPLIT + s).to(tl.int64) * H
+        lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"))
+        w = tl.math.exp2(lp - gm)
+        tot += w
+        o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
+                    other=0.0)
+        acc += w[:, None] * o
+    has = tot > 0.0
+    safe = tl.where(has, tot, 1.0)
+    out = acc / safe[:, None]
+    lse = (tl.math.log2(safe) + gm) * 0.6931471805599453
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+    out = tl.where(has[:, None], out, 0.0)
+    lse = tl.where(has, lse, float("inf"))
+    tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+    tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Tile configuration. ``nsplit=None`` lets :func:`choose_nsplit` pick from static shapes."""
+
+    block_h: int = 64
+    block_t: int = 32
+    num_warps: int = 8
+    num_stages: int = 1
+    nsplit: int | None = None
+
+
+DEFAULT_CONFIG = DecodeConfig()
+
+
+def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
+    """Splits per row so that rows x head blocks x splits roughly fills the GPU once.
+
+    Uses static values only (batch, heads, the static top-k widths, SM count), so a CUDA graph
+    captured for a batch size keeps a valid grid; the per-row share is re-cut on the device
+    from the real lengths.
+    """
+    programs = max(1, rows * head_blocks * 2)  # x2: each program owns half of the V columns
+    want = max(1, round(sms / programs))
+    return int(max(1, min(want, max_tiles, 64)))
+
+
+def _as_cache_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    _, page_size, page_bytes = model1_geometry(cache)
+    flat = flat_bytes(cache, page_bytes)
+    return flat, flat.view(torch.bfloat16), page_size, page_bytes
+
+
+def _check_indices(name: str, idx: torch.Tensor, b: int, s_q: int) -> torch.Tensor:
+    if idx.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32 slots, got {idx.dtype}")
+    if idx.dim() == 2:
+        idx = idx.unsqueeze(1)
+    if idx.dim() != 3 or idx.shape[0] != b or idx.shape[1] != s_q:
+        raise ValueError(f"{name} must be [B={b}, s_q={s_q}, topk], got {tuple(idx.shape)}")
+    if idx.stride(-1) != 1:
+        idx = idx.contiguous()
+    return idx
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode: ``(out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32)``.
+
+    ``q`` is ``[B, s_q, H, 512]`` (or ``[B, H, 512]``); ``indices``/``extra_indices`` are int32
+    physical slots (``page * page_size + offset``, -1 = invalid) ``[B, s_q, topk]``;
+    ``topk_length``/``extra_topk_length`` are ``[B]`` int32 valid prefixes (``None`` = all).
+    """
+    cfg = config or DEFAULT_CONFIG
+    if q.dim() == 3:
+        q = q.unsqueeze(1)
+    if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [B, s_q, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    b, s_q, h, _ = q.shape
+    if q.stride(-1) != 1 or q.stride(1) != h * q.stride(2):
+        q = q.contiguous()
+    rows = b * s_q
+    indices = _check_indices("indices", indices, b, s_q)
+    a_u8, a_bf, a_ps, a_pb = _as_cache_views(k_cache)
+    has_b = extra_k_cache is not None and extra_indices is not None
+    if has_b:
+        assert extra_k_cache is not None and extra_indices is not None
+        extra_indices = _check_indices("extra_indices", extra_indices, b, s_q)
+        b_u8, b_bf, b_ps, b_pb = _as_cache_views(extra_k_cache)
+        b_topk = extra_indices.shape[-1]
+    else:
+        b_u8, b_bf, b_ps, b_pb, b_topk = a_u8, a_bf, a_ps, a_pb, 0
+        extra_indices = indices
+    if attn_sink is not None and attn_sink.numel() < h:
+        raise ValueError(f"attn_sink needs >= {h} values (one per head), got {attn_sink.numel()}")
+    for name, ln in (("topk_length", topk_length), ("extra_topk_length", extra_topk_length)):
+        if ln is not None and (ln.dtype != torch.int32 or ln.numel() < b):
+            raise ValueError(f"{name} must be int32 with >= {b} entries, got {ln.dtype} "
+                             f"{tuple(ln.shape)}")
+
+    block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
+    head_blocks = triton.cdiv(h, block_h)
+    max_tiles = triton.cdiv(indices.shape[-1], cfg.block_t) + triton.cdiv(b_topk, cfg.block_t)
+    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks, max(1, max_tiles), device_sms(q))
+
+    out = torch.empty(b, s_q, h, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
+    q2 = q.view(rows, h, HEAD_DIM) if q.is_contiguous() else q.reshape(rows, h, HEAD_DIM)
+    o2 = out.view(rows, h, HEAD_DIM)
+    if nsplit > 1:
+        o_part = torch.empty(rows * nsplit * h * HEAD_DIM, dtype=torch.float32, device=q.device)
+        l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=q.device)
+    else:
+        o_part = l_part = lse  # unused placeholders
+    dummy = lse
+    qk_scale = float(sm_scale) * LOG2E
+    _sparse_decode_kernel[(rows, 2 * head_blocks, nsplit)](
+        q2, q2.stride(0), q2.stride(1),
+        a_u8, a_bf, indices, indices.stride(1), topk_length if topk_length is not None else dummy,
+        indices.shape[-1], a_ps, a_pb,
+        b_u8, b_bf, extra_indices, extra_indices.stride(1),
+        extra_topk_length if extra_topk_length is not None else dummy, b_topk, b_ps, b_pb,
+        attn_sink if attn_sink is not None else dummy, o2, o2.stride(0), o2.stride(1), lse,
+        o_part, l_part,
+        h, s_q, qk_scale,
+        A_HAS_LEN=topk_length is not None, HAS_B=has_b,
+        B_HAS_LEN=has_b and extra_topk_length is not None,
+        HAS_SINK=attn_sink is not None, NSPLIT=nsplit,
+        BH=block_h, BT=cfg.block_t, DOT_F32=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if nsplit > 1:
+        _combine_kernel[(rows, head_blocks)](
+            o_part, l_part, attn_sink if attn_sink is not None else dummy,
+            o2, o2.stride(0), o2.stride(1), lse, h, s_q,
+            HAS_SINK=attn_sink is not None, NSPLIT=nsplit, BH=block_h, num_warps=8,
+        )
+    return out, lse
+
+
+def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]:
+    """Unique bytes (KV + Q + O + indices) and FLOPs of one decode step (kernels.md section 4)."""
+    kv = b * topk_total * BYTES_PER_TOKEN
+    qo = b * h * HEAD_DIM * 2 * 2
+    idx = b * topk_total * 4
+    flops = 2.0 * b * h * topk_total * (HEAD_DIM + HEAD_DIM)
+    return float(kv + qo + idx), flops
+
+
+__all__ = ["DecodeConfig", "choose_nsplit", "roofline_bytes_flops", "sparse_mla_decode"]

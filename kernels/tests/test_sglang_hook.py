@@ -1,0 +1,154 @@
+"""Activation in the real SGLang 0.5.23 package: signatures, equal outputs, the .pth hook.
+
+SGLang is installed in the test venv without its CUDA dependencies (requirements/parsers.txt),
+so ``flash_mla_sm120_triton`` imports for real, while ``dsv4.indexer`` (which needs GPU-only
+packages at import) is read from the installed file and only its fallback function compiled.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dsv4_kernels import sglang_compat, sglang_hook
+from dsv4_kernels.cases import make_decode_case, make_indexer_case
+
+SGLANG_ROOT = pathlib.Path(importlib.util.find_spec("sglang").origin).parent  # type: ignore[union-attr]
+INDEXER_FILE = SGLANG_ROOT / "srt/layers/attention/dsv4/indexer.py"
+
+
+def test_installed_sglang_is_the_pinned_version() -> None:
+    assert sglang_hook.sglang_version() == sglang_hook.SUPPORTED_VERSION
+
+
+def _real_decode_module():
+    import sglang.kernels.ops.attention.flash_mla_sm120_triton as mod
+
+    return mod
+
+
+def _real_logits_fn():
+    return sglang_compat.load_sglang_functions(
+        INDEXER_FILE, ["fp8_paged_mqa_logits_torch_sm120"])["fp8_paged_mqa_logits_torch_sm120"]
+
+
+def test_signatures_match_the_pinned_entry_points() -> None:
+    real_decode = _real_decode_module().flash_mla_sparse_decode_triton
+    assert tuple(inspect.signature(real_decode).parameters) == sglang_compat.DECODE_PARAMS
+    assert tuple(inspect.signature(sglang_compat.flash_mla_sparse_decode_triton).parameters) == \
+        sglang_compat.DECODE_PARAMS
+    assert tuple(inspect.signature(_real_logits_fn()).parameters) == sglang_compat.LOGITS_PARAMS
+    assert tuple(inspect.signature(sglang_compat.fp8_paged_mqa_logits_sm120).parameters) == \
+        sglang_compat.LOGITS_PARAMS
+
+
+class _OneConfig:
+    """Runs SGLang's autotuned kernel with one of its own configs (autotuning needs a GPU)."""
+
+    def __init__(self, fn: object) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: tuple[int, ...]):
+        return lambda *a, **k: self.fn[grid](*a, BLOCK_T=16, **k)  # type: ignore[index]
+
+
+def test_decode_equals_sglang_triton_path(gen: torch.Generator,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _real_decode_module()
+    monkeypatch.setattr(mod, "_tiled_sparse_decode_kernel",
+                        _OneConfig(mod._tiled_sparse_decode_kernel.fn))
+    c = make_decode_case(gen, batch=2, heads=4, topk=16, extra_topk=24, page_size=7,
+                         extra_page_size=5, lengths="random", invalid_frac=0.1)
+    c.topk_length[0] = max(int(c.topk_length[0]), 1)  # keep a key so both LSEs are finite
+    args = (c.q, c.k_cache, c.indices, c.topk_length, c.attn_sink, 512, c.sm_scale,
+            c.extra_k_cache, c.extra_indices, c.extra_topk_length)
+    theirs = mod.flash_mla_sparse_decode_triton(*args)
+    ours = sglang_compat.flash_mla_sparse_decode_triton(*args)
+    assert ours[0].shape == theirs[0].shape and ours[1].shape == theirs[1].shape
+    assert torch.allclose(ours[0].float(), theirs[0].float(), atol=1e-2, rtol=2 / 128)
+    # SGLang's LSE includes the sink; ours (FlashMLA's convention) does not
+    has = torch.isfinite(ours[1])
+    assert c.attn_sink is not None
+    theirs_lse = theirs[1].float()
+    want = torch.logaddexp(ours[1], c.attn_sink.view(1, -1, 1).expand_as(ours[1]))
+    assert torch.allclose(theirs_lse[has], want[has], atol=1e-3)
+
+
+def test_logits_equal_sglang_torch_path(gen: torch.Generator) -> None:
+    c = make_indexer_case(gen, batch=3, heads=16, lens=[0, 70, 190], max_len=200, page_size=64)
+    args = (c.q_fp8.unsqueeze(1), c.index_cache, c.weights, c.seq_lens, c.page_table, None, 200)
+    theirs = _real_logits_fn()(*args, clean_logits=False)
+    ours = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=False)
+    assert ours.shape == theirs.shape == (3, 200)
+    fin = torch.isfinite(theirs)
+    assert torch.equal(fin, torch.isfinite(ours))
+    # SGLang rounds the dot products to bf16; ours accumulate in fp32
+    assert float((ours[fin] - theirs[fin]).norm() / theirs[fin].norm()) < 1e-2
+
+
+def _py(code: str, env_on: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != sglang_hook.ENV_VAR}
+    if env_on:
+        env[sglang_hook.ENV_VAR] = "1"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+PROBE = (
+    "import sglang.kernels.ops.attention.flash_mla_sm120_triton as m; "
+    "print(m.flash_mla_sparse_decode_triton.__module__)"
+)
+
+
+def test_pth_line_patches_only_when_enabled() -> None:
+    on = _py(sglang_hook.PTH_LINE + PROBE, env_on=True)
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.strip() == "dsv4_kernels.sglang_compat"
+    off = _py(sglang_hook.PTH_LINE + PROBE, env_on=False)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "sglang.kernels.ops.attention.flash_mla_sm120_triton"
+
+
+def test_activation_after_import_patches_loaded_module() -> None:
+    code = PROBE.split(";")[0] + "; import dsv4_kernels.sglang_hook as h; h.activate(); " + \
+        "print(m.flash_mla_sparse_decode_triton.__module__)"
+    res = _py(code, env_on=True)
+    assert res.stdout.strip() == "dsv4_kernels.sglang_compat", res.stderr
+
+
+def test_other_sglang_version_is_refused() -> None:
+    code = ("import dsv4_kernels.sglang_hook as h; h.sglang_version = lambda: '0.5.22'; "
+            "print(h.activate()); " + PROBE)
+    res = _py(code, env_on=True)
+    assert res.stdout.split() == ["False", "sglang.kernels.ops.attention.flash_mla_sm120_triton"]
+    assert "pinned" in res.stderr and "0.5.22" in res.stderr
+
+
+def test_changed_signature_is_not_patched() -> None:
+    import types
+
+    mod = types.ModuleType("sglang.kernels.ops.attention.flash_mla_sm120_triton")
+
+    def flash_mla_sparse_decode_triton(q, k_cache, indices):  # a different, future signature
+        return q
+
+    mod.flash_mla_sparse_decode_triton = flash_mla_sparse_decode_triton  # type: ignore[attr-defined]
+    assert sglang_hook.patch_module(mod) == []
+    assert mod.flash_mla_sparse_decode_triton is flash_mla_sparse_decode_triton
+
+
+def test_install_and_uninstall_pth(tmp_path: pathlib.Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert sglang_hook.main(["install", "--site", str(tmp_path)]) == 0
+    pth = tmp_path / sglang_hook.PTH_NAME
+    assert pth.read_text() == sglang_hook.PTH_LINE
+    assert sglang_hook.main(["uninstall", "--site", str(tmp_path)]) == 0
+    assert not pth.exists()
+    capsys.readouterr()

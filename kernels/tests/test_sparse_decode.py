@@ -1,0 +1,91 @@
+"""Sparse-MLA decode kernel against the float32 reference, under the Triton interpreter.
+
+Covers the issue's edge cases: invalid (-1) indices, valid length 0, page sizes that are not
+powers of two, the sink on and off, one split and many, head counts that are not a multiple of
+the head block, and SWA-only as well as SWA + extra key lists.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4_kernels.cases import compare_decode, make_decode_case
+from dsv4_kernels.reference import ref_sparse_decode
+from dsv4_kernels.sparse_decode import DecodeConfig, choose_nsplit, sparse_mla_decode
+
+SMALL = DecodeConfig(block_h=16, block_t=16)
+
+
+def _run(case, nsplit: int) -> dict[str, object]:
+    out = sparse_mla_decode(**case.kwargs(), config=DecodeConfig(16, 16, 4, 1, nsplit))
+    ref = ref_sparse_decode(**case.kwargs())
+    return compare_decode(*out, *ref)
+
+
+@pytest.mark.parametrize(
+    ("spec", "nsplit"),
+    [
+        (dict(batch=2, heads=16, topk=24, extra_topk=40, page_size=7, extra_page_size=5), 1),
+        (dict(batch=2, heads=16, topk=24, extra_topk=40, page_size=7, extra_page_size=5), 4),
+        (dict(batch=3, heads=20, topk=20, extra_topk=0, page_size=61, lengths="random",
+              invalid_frac=0.3), 3),
+        (dict(batch=2, heads=16, topk=16, extra_topk=33, page_size=2, extra_page_size=3,
+              sink=False, lengths="random", invalid_frac=0.2), 2),
+        (dict(batch=2, heads=16, topk=16, extra_topk=16, lengths="zero"), 1),
+        (dict(batch=2, heads=16, topk=16, extra_topk=16, lengths="zero"), 3),
+    ],
+)
+def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int) -> None:
+    res = _run(make_decode_case(gen, **spec), nsplit)
+    assert res["ok"], res
+
+
+def test_all_indices_invalid_gives_zero_and_inf(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=16, page_size=5)
+    case.indices.fill_(-1)
+    assert case.extra_indices is not None
+    case.extra_indices.fill_(-1)
+    out, lse = sparse_mla_decode(**case.kwargs(), config=SMALL)
+    assert torch.all(out == 0)
+    assert torch.all(torch.isposinf(lse))
+
+
+def test_sink_scales_output_and_lse_excludes_it(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0, page_size=8)
+    with_sink = sparse_mla_decode(**case.kwargs(), config=SMALL)
+    kw = case.kwargs()
+    kw["attn_sink"] = None
+    no_sink = sparse_mla_decode(**kw, config=SMALL)
+    assert torch.equal(with_sink[1], no_sink[1])  # LSE is sink-exclusive
+    assert case.attn_sink is not None
+    factor = 1 / (1 + torch.exp(case.attn_sink.view(1, 1, -1, 1) - no_sink[1].permute(0, 2, 1)
+                                .unsqueeze(-1)))
+    want = no_sink[0].float() * factor
+    assert torch.allclose(with_sink[0].float(), want, atol=1e-2, rtol=2 / 128)
+
+
+def test_lengths_beyond_topk_are_clamped(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=2, heads=16, topk=16, extra_topk=0, page_size=4)
+    assert case.topk_length is not None
+    case.topk_length.fill_(10_000)
+    res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=SMALL),
+                         *ref_sparse_decode(**{**case.kwargs(), "topk_length": None}))
+    assert res["ok"], res
+
+
+def test_choose_nsplit_bounds() -> None:
+    assert choose_nsplit(rows=1, head_blocks=1, max_tiles=20, sms=132) == 20
+    assert choose_nsplit(rows=128, head_blocks=1, max_tiles=20, sms=132) == 1
+    assert 1 <= choose_nsplit(rows=64, head_blocks=1, max_tiles=20, sms=132) <= 2
+
+
+def test_bad_inputs_raise_clear_errors(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    kw = case.kwargs()
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode(**{**kw, "indices": case.indices.long()})
+    with pytest.raises(ValueError, match="q must be"):
+        sparse_mla_decode(**{**kw, "q": case.q[..., :256]})
+    with pytest.raises(ValueError, match="584"):
+        sparse_mla_decode(**{**kw, "k_cache": torch.zeros(2, 4, 1, 576, dtype=torch.uint8)})
