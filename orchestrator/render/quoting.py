@@ -30,7 +30,10 @@ import shlex
 
 from orchestrator.errors import RenderError
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 control characters and the Unicode line/paragraph separators: systemd splits lines on
+# "\n" only, but Python's str.splitlines, editors and review tools also break on U+0085, U+2028 and
+# U+2029, so a reviewer would read a different file than systemd does.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -52,7 +55,7 @@ def sh_join(argv: list[str], field: str) -> str:
 
 
 def _no_control(value: str, field: str, where: str) -> None:
-    m = _CONTROL.search(value)
+    m = CONTROL.search(value)
     if m:
         raise _fail(field, value,
                     f"contains the control character {m.group()!r}, which cannot be written "

@@ -56,7 +56,8 @@ def test_unit_value_escapes_specifiers(raw: str, expected: str) -> None:
     assert unit_value(raw, "f") == expected
 
 
-@pytest.mark.parametrize("raw", ["a\nb", "a\rb", "tab\there", "x\x1b[0m", " lead", "trail "])
+@pytest.mark.parametrize("raw", ["a\nb", "a\rb", "tab\there", "x\x1b[0m", " lead", "trail ",
+                                 "nel\x85", "ls\u2028", "ps\u2029", "c1\x9b"])
 def test_unit_value_refuses_what_systemd_would_misread(raw: str) -> None:
     with pytest.raises(RenderError, match=r"^description"):
         unit_value(raw, "description")
@@ -104,7 +105,8 @@ def test_env_file_line(value: str, line: str) -> None:
 
 
 def test_env_file_line_rejects_bad_names_and_newlines() -> None:
-    with pytest.raises(RenderError, match=r"topology\.decode\.env\.X"):
-        env_file_line("X", "a\nb", "topology.decode.env.X")
+    for value in ("a\nb", "a\x85b", "a\u2028b"):
+        with pytest.raises(RenderError, match=r"topology\.decode\.env\.X"):
+            env_file_line("X", value, "topology.decode.env.X")
     with pytest.raises(RenderError, match="environment variable name"):
         env_file_line("1X", "v", "f")
