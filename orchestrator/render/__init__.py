@@ -159,6 +159,7 @@ def _header(dep: Deployment) -> str:
 
 
 def _role_field(profile: Profile, role: str) -> str:
+    """The profile path of a role's settings (``topology.engine`` when colocated)."""
     return f"topology.{role}"
 
 
@@ -188,7 +189,7 @@ def _unit_order(dep: Deployment, after: list[str]) -> list[str]:
     return lines
 
 
-def _common_unit(dep: Deployment, profile: Profile, role: str) -> dict[str, object]:
+def _common_unit(dep: Deployment, role: str) -> dict[str, object]:
     root = dep.install_root
     return {
         "header": _header(dep),
@@ -238,7 +239,7 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         env_file=unit_path(f"{root}/current/env/{role.name}.env", "host.install_root"),
         secrets_file=unit_path(secrets, "host.install_root"),
         timeout_start_s=profile.health.startup_timeout_s,
-        **_common_unit(dep, profile, role.name),
+        **_common_unit(dep, role.name),
     )
     launch = _render(
         env, "launch.sh.j2",
@@ -265,7 +266,7 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
         unit_order=_unit_order(dep, [r.unit for r in dep.roles]),
         start_limit_interval_s=600,
         timeout_start_s=300,
-        **_common_unit(dep, profile, "router"),
+        **_common_unit(dep, "router"),
     )
     launch = _render(
         env, "launch.sh.j2",
