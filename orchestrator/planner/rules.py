@@ -55,7 +55,7 @@ def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
     if gpu is not None:
         out += _moe_path(cat, engine, model, dep, gpu)
         out += _known_bad(cat, engine, model, dep, gpu, host)
-    out += _flags(dep)
+    out += _flags(dep, profile)
     return out
 
 
@@ -170,7 +170,7 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
     return out
 
 
-def _flags(dep: Deployment) -> list[Check]:
+def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     """Every rendered engine/router command line against the pinned version's flag table."""
     from orchestrator.render.argv import engine_argv, router_argv
 
@@ -185,7 +185,8 @@ def _flags(dep: Deployment) -> list[Check]:
         lines += [(r.name, engine_argv(dep, r), table) for r in dep.roles]
         if dep.router is not None:
             rtable = load_flag_table("sglang-router", dep.router_version)
-            lines.append(("router", router_argv(dep), rtable))
+            argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+            lines.append(("router", argv, rtable))
     except UnknownFlagTableError as exc:
         return [check("engine.flag-table", "error", "no flag table for the router version",
                       exc.message, exc.fix, subject="engine.router_version")]
