@@ -69,7 +69,8 @@ def deferred_sigint(out: Callable[[str], None]) -> Iterator[None]:
 def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None = None
                  ) -> str | None:
     """Run the steps; return a finish message if a step ended the playbook early. Raises
-    ``_StepError`` (failure or KeyboardInterrupt) after journaling the remaining steps as not run."""
+    ``_StepError`` (failure or KeyboardInterrupt) after journaling the remaining steps as not
+    run."""
     n = len(pb.steps)
     rec = ctx.record
     for i, step in enumerate(pb.steps[start:end], start=start):
@@ -248,6 +249,11 @@ class Runner:
         else:
             with contextlib.suppress(DsvError):
                 ctx.store.clean_temp()
+        if restored and err.on_failure == "rollback":
+            # keep_releases applies after failures too: failed attempts must not pile up, and the
+            # restored release (current) and the last healthy one are never pruned
+            with contextlib.suppress(DsvError):
+                ctx.store.prune(ctx.profile.rollout.keep_releases, last_healthy=target)
         if interrupted:
             rec.status = "interrupted"
         elif err.on_failure == "abort":

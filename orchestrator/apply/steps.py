@@ -351,8 +351,8 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
     ctx.remote.check(f"mkdir -p {shlex.quote(root)}/.incoming {shlex.quote(dest)}", timeout=30)
     ctx.remote.put_bytes(data, tgz, mode=0o600)
     py = shlex.quote(f"{ctx.deployment.engine_env}/bin/python")
-    ctx.remote.check(f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(dest)} && rm -f {shlex.quote(tgz)}",
-                     timeout=120, what="unpacking the kernels package")
+    ctx.remote.check(f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(dest)} && "
+                     f"rm -f {shlex.quote(tgz)}", timeout=120, what="unpacking the kernels package")
     ctx.out(f"  pip install dsv4-kernels ({digest}) into {ctx.deployment.engine_env}")
     ctx.remote.check(f"{py} -m pip install --no-deps --no-build-isolation --quiet "
                      f"{shlex.quote(dest + '/kernels')}", timeout=600,
@@ -431,8 +431,9 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
     baseline = {u: s.restarts for u, s in ctx.svc.show(units).items() if u not in ctx.started}
     timeout = ctx.timeout(getattr(step, "timeout", None))
     poll = ctx.profile.health.poll_interval_s
-    ctx.out(f"  startup phase: up to {timeout:.0f}s (health.startup_timeout_s), polling every "
-            f"{poll:g}s")
+    budget = ("rollout.rollback_timeout_s" if getattr(step, "timeout", None) == "rollback"
+              else "health.startup_timeout_s")
+    ctx.out(f"  startup phase: up to {timeout:.0f}s ({budget}), polling every {poll:g}s")
     report = wait(ctx.remote.http, ctx.deployment, lambda: ctx.svc.show(units),
                   timeout_s=timeout, poll_s=poll, baseline_restarts=baseline,
                   progress=ctx.out, settle_s=max(poll, 2.0))

@@ -151,7 +151,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None) ->
         ctx = load_context(path, inventory, host_override=host_name)
         name, host = ctx.host_name, ctx.host
         _echo(f"Probing host '{name}' ({host.address})...")
-        facts = gather_facts(name, host)
+        facts = gather_facts(name, host, model_paths=[ctx.profile.model.path])
         plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)
         saved = False
         if plan.errors:

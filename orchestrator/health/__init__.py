@@ -1,12 +1,12 @@
 """Model-aware health of a deployment: startup, ready, registered with the router, and generating.
 
 A port that answers is not a healthy LLM server (llm-d#330, kserve#5062; shared research anchors A.2
-#9). A deployment is healthy here only when, for every engine role, ``/ready`` and ``/health`` answer
-200 (SGLang's ``/health`` runs a one-token generation, sglang#8444) and ``/v1/models`` lists the served
-name; when there is a router, its ``/readiness`` answers 200 and its ``/workers`` list shows the
-expected number of healthy prefill and decode workers (srtctl ``check_sglang_router_health``); and the
-units are still running without restarts. Then one real generation through the entry point must
-succeed (:func:`smoke_generate`).
+#9). A deployment is healthy here only when, for every engine role, ``/ready`` and ``/health``
+answer 200 (SGLang's ``/health`` runs a one-token generation, sglang#8444) and ``/v1/models`` lists
+the served name; when there is a router, its ``/readiness`` answers 200 and its ``/workers`` list
+shows the expected number of healthy prefill and decode workers (srtctl
+``check_sglang_router_health``); and the units are still running without restarts. Then one real
+generation through the entry point must succeed (:func:`smoke_generate`).
 
 The checks are pure functions over responses, so they are unit-tested without a host; the waiting
 loop takes the HTTP and unit-state functions as arguments.
@@ -139,7 +139,8 @@ def check_router(http: Http, port: int, prefill: int, decode: int,
 def check_units(states: dict[str, Any], expected: dict[str, str],
                 baseline_restarts: dict[str, int]) -> list[CheckResult]:
     """Each expected unit (unit name -> role) must be active/running and must not have restarted
-    since it was started (a crash loop under ``Restart=on-failure`` looks "activating" between tries)."""
+    since it was started (a crash loop under ``Restart=on-failure`` looks "activating" between
+    tries)."""
     out = []
     for unit, role in expected.items():
         s = states.get(unit)
@@ -147,7 +148,8 @@ def check_units(states: dict[str, Any], expected: dict[str, str],
             out.append(CheckResult(role, "unit", False, f"{unit} unknown to systemd"))
             continue
         restarted = s.restarts > baseline_restarts.get(unit, 0)
-        if s.active == "failed" or restarted:
+        # "auto-restart": the process exited and systemd waits RestartSec before the next try
+        if s.active == "failed" or restarted or s.sub == "auto-restart":
             why = f"{unit} {s.active}/{s.sub}" + (f", restarted {s.restarts}x" if restarted else "")
             out.append(CheckResult(role, "unit", False, why + " (crashed)"))
         elif not s.running:

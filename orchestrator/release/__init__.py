@@ -1,4 +1,5 @@
-"""Releases on a host: ids, records (with the step journal), the ``current`` switch, history, pruning.
+"""Releases on a host: ids, records (with the step journal), the ``current`` switch, history,
+pruning.
 
 Layout under a host's install root::
 

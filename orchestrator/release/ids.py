@@ -1,9 +1,9 @@
 """Release ids: sortable, unique, readable.
 
-``r0007-20261129T101500Z-1a2b3c4d``: a sequence number (so ``ls`` and string sort give apply order even
-if the controller's clock is wrong), the controller's UTC time at apply (for humans), and the first 8
-hex digits of the plan's content hash (two applies of the same plan are recognisable). Only apply reads
-the clock; plan never does.
+``r0007-20261129T101500Z-1a2b3c4d``: a sequence number (so ``ls`` and string sort give apply order
+even if the controller's clock is wrong), the controller's UTC time at apply (for humans), and the
+first 8 hex digits of the plan's content hash (two applies of the same plan are recognisable). Only
+apply reads the clock; plan never does.
 """
 
 from __future__ import annotations

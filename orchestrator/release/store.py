@@ -1,7 +1,7 @@
 """The releases directory on a host: list, read and write records, upload a tree, switch, prune.
 
-Every write is atomic on the host: files go to a temp name and are renamed into place; a release tree
-is unpacked into ``releases/.tmp-<id>`` and only renamed to ``releases/<id>`` once its manifest
+Every write is atomic on the host: files go to a temp name and are renamed into place; a release
+tree is unpacked into ``releases/.tmp-<id>`` and only renamed to ``releases/<id>`` once its manifest
 verifies; ``current`` is switched with ``ln -sfn`` to a temp link and ``mv -T`` over the old one
 (rename(2) is atomic), the Capistrano idiom. A dropped connection at any point leaves ``current``
 pointing at a complete release.
@@ -42,6 +42,8 @@ class HostShell(Protocol):
                   chunk: int = 1 << 16,
                   on_progress: Callable[[int, int], None] | None = None) -> None: ...
 
+    def replace_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None: ...
+
 
 def build_manifest(files: Mapping[str, tuple[bytes, int, list[str]]]) -> str:
     """``manifest.json``: sha256, mode and restart roles of every file of the release tree."""
@@ -76,7 +78,7 @@ def build_tarball(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 
 
 def release_files(files: Iterable[PlannedFile]) -> dict[str, tuple[bytes, int, list[str]]]:
-    """The non-sensitive planned files as bytes, refusing unsafe paths (they come from a plan file)."""
+    """The non-sensitive planned files as bytes, refusing unsafe paths (a plan file is input)."""
     out: dict[str, tuple[bytes, int, list[str]]] = {}
     for f in files:
         if f.sensitive or f.content is None:
@@ -87,7 +89,7 @@ def release_files(files: Iterable[PlannedFile]) -> dict[str, tuple[bytes, int, l
                               fix="re-create the plan with `dsv4ctl plan -o`")
         data = f.content.encode("utf-8")
         if f.sha256 is not None and hashlib.sha256(data).hexdigest() != f.sha256:
-            raise RemoteError(f"planned file {f.path} does not match its sha256 (plan file edited?)",
+            raise RemoteError(f"planned file {f.path} does not match its sha256 (edited plan?)",
                               fix="re-create the plan with `dsv4ctl plan -o`")
         out[f.path] = (data, f.mode, list(f.roles))
     return out
@@ -98,6 +100,7 @@ class ReleaseStore:
         self.shell = shell
         self.root = install_root.rstrip("/") or "/"
         self.releases = f"{self.root}/releases"
+        self._dirs: set[str] = set()
 
     def q(self, *parts: str) -> str:
         return shlex.quote("/".join((self.root, *parts)))
@@ -112,7 +115,7 @@ class ReleaseStore:
 
     def list_ids(self) -> list[str]:
         res = self.shell.run(f"ls -1 {shlex.quote(self.releases)} 2>/dev/null", timeout=30)
-        return sort_ids(line.strip() for line in res.stdout.splitlines() if is_release_id(line.strip()))
+        return sort_ids(x.strip() for x in res.stdout.splitlines() if is_release_id(x.strip()))
 
     def current(self) -> str | None:
         res = self.shell.run(f"readlink {self.q('current')}", timeout=30)
@@ -169,12 +172,12 @@ class ReleaseStore:
 
     # ------------------------------------------------------------------------------ writing ---
     def write_record(self, record: ReleaseRecord) -> None:
+        """Rewrite ``releases/<id>/record.json`` atomically (called after every step)."""
         d = self.path(record.id)
-        tmp = f"{d}/.{RECORD}.tmp"
-        self.shell.check(f"mkdir -p {shlex.quote(d)}", timeout=30, what="creating release dir")
-        self.shell.put_bytes(record.to_json().encode(), tmp, mode=0o644)
-        self.shell.check(f"mv -f {shlex.quote(tmp)} {shlex.quote(f'{d}/{RECORD}')}", timeout=30,
-                         what="writing the release record")
+        if record.id not in self._dirs:
+            self.shell.check(f"mkdir -p {shlex.quote(d)}", timeout=30, what="creating release dir")
+            self._dirs.add(record.id)
+        self.shell.replace_bytes(record.to_json().encode(), f"{d}/{RECORD}", mode=0o644)
 
     def clean_temp(self) -> None:
         """Remove leftovers of interrupted uploads (never a release that current points to)."""
@@ -218,6 +221,7 @@ class ReleaseStore:
 
     def remove(self, release_ids: Iterable[str]) -> None:
         ids = [i for i in release_ids if is_release_id(i)]
+        self._dirs.difference_update(ids)
         if ids:
             paths = " ".join(shlex.quote(self.path(i)) for i in ids)
             self.shell.check(f"rm -rf {paths}", timeout=300, what="removing old releases")

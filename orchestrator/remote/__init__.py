@@ -1,12 +1,14 @@
-"""The remote layer: the only package that talks to hosts (fabric / paramiko live here and nowhere else).
+"""The remote layer: the only package that talks to hosts (fabric / paramiko live here and nowhere
+else).
 
 - :mod:`.probes`: facts as command + pure parser (no network; importable on the ``plan`` path).
-- :mod:`.connection`: SSH connections with timeouts, retries and jump hosts; HTTP tunnelled over SSH.
+- :mod:`.connection`: SSH connections with timeouts, retries and jump hosts; HTTP tunnelled over
+  SSH.
 - :mod:`.lock`: the kernel-held host lock.
 - :mod:`.systemd`: unit files and ``systemctl`` at system or user scope.
 
-``import orchestrator.remote`` does not import fabric: :func:`gather_facts` imports it when called, so
-``dsv4ctl plan`` without ``--host`` stays light.
+``import orchestrator.remote`` does not import fabric: :func:`gather_facts` imports it when called,
+so ``dsv4ctl plan`` without ``--host`` stays light.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ __all__ = ["gather_facts"]
 def gather_facts(host_name: str, host: Host, *, model_paths: Iterable[str] = ()) -> Facts:
     """Probe inventory host ``host_name`` over SSH and return its :class:`Facts`.
 
-    ``model_paths``: checkpoint directories to measure besides the inventory's declared ones (pass the
-    profile's ``model.path``). A saved plan's stale check re-probes with the plan's model path, so the
-    planner should pass exactly ``[profile.model.path]`` for the fingerprints to be comparable.
+    ``model_paths``: checkpoint directories to measure besides the inventory's declared ones (pass
+    the profile's ``model.path``). A saved plan's stale check re-probes with the plan's model path,
+    so the planner should pass exactly ``[profile.model.path]`` for the fingerprints to be
+    comparable.
     """
     from orchestrator.remote.connection import connect
     from orchestrator.remote.probes import collect_facts

@@ -1,10 +1,11 @@
 """The host lock: one dsv4ctl apply/rollback per host at a time, held by the kernel.
 
 A lock file under the install root is ``flock``-ed by a process started over the apply's own SSH
-connection. That process holds the lock while its stdin is open; when dsv4ctl finishes, is killed, or
-the connection drops, sshd closes the channel, the process reads EOF and exits, and the kernel releases
-the lock. No stale lock survives a crash, which is the failure mode users hate most in Terraform,
-Helm and Deployer (terraform#28374, helm#8987, deployer#1291; see shared research anchors A.2 #4).
+connection. That process holds the lock while its stdin is open; when dsv4ctl finishes, is killed,
+or the connection drops, sshd closes the channel, the process reads EOF and exits, and the kernel
+releases the lock. No stale lock survives a crash, which is the failure mode users hate most in
+Terraform, Helm and Deployer (terraform#28374, helm#8987, deployer#1291; see shared research anchors
+A.2 #4).
 
 Next to it, a holder-info file (remote pid of the flock process, then JSON: user, controller host,
 controller pid, start time, command) exists for display only: it tells whoever is refused who holds
@@ -109,7 +110,8 @@ class HostLock:
         # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
         # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid.
         inner = (
-            f"umask 077; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} > {shlex.quote(info)}.tmp"
+            f"umask 077; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
+            f"> {shlex.quote(info)}.tmp"
             f" && mv -f {shlex.quote(info)}.tmp {shlex.quote(info)}; echo LOCKED $PPID; "
             # hold until our stdin closes (release, exit or dropped connection), then tidy up the
             # info file if it is still ours
@@ -134,7 +136,8 @@ class HostLock:
                 buf += data
         except (TimeoutError, OSError) as exc:
             chan.close()
-            raise RemoteError(f"taking the lock on host '{self.remote.name}' failed: {exc}") from exc
+            raise RemoteError(f"taking the lock on host '{self.remote.name}' failed: {exc}") \
+                from exc
         line = buf.decode(errors="replace").strip()
         if line.startswith("LOCKED"):
             self._chan = chan
@@ -150,7 +153,8 @@ class HostLock:
             raise LockHeld(
                 f"host '{self.remote.name}' is locked by another dsv4ctl run: {who}",
                 fix="wait for it to finish; if that run is dead and its lock still held, "
-                    f"`dsv4ctl unlock --force --host {self.remote.name}` shows the holder and ends it",
+                    f"`dsv4ctl unlock --force --host {self.remote.name}` shows the holder and "
+                    "ends it",
             )
         raise RemoteError(f"cannot take the lock on host '{self.remote.name}' (exit {rc}): "
                           f"{err or line}", fix="`flock` (util-linux) must exist on the host and "

@@ -1,7 +1,7 @@
 """Probes: each fact about a host is one shell command plus a pure parser of its output.
 
 This module owns *what* we ask a host and *how* we read the answer; it never opens a connection (the
-caller passes anything with a ``run`` method, see :class:`orchestrator.remote.shell.Shell`). Keeping the
+caller passes anything with a ``run`` method, :class:`Shell`). Keeping the
 parsers pure lets ``tests/unit/test_probes.py`` check them on recorded real output
 (``tests/data/probes/``), pyinfra-style: a fact is a command and a parser, nothing else
 (https://github.com/pyinfra-dev/pyinfra, ``pyinfra/facts``).
@@ -55,7 +55,7 @@ class CommandResult:
 # --------------------------------------------------------------------------------------- GPUs ---
 
 def parse_gpus(stdout: str) -> tuple[list[GpuFact], str | None]:
-    """Parse ``GPU_COMMAND`` output: one CSV line per GPU. Returns the GPUs and the driver version."""
+    """Parse ``GPU_COMMAND`` output (one CSV line per GPU): the GPUs and the driver version."""
     gpus: list[GpuFact] = []
     drivers: set[str] = set()
     for line in stdout.splitlines():
@@ -90,7 +90,8 @@ def probe_gpus(shell: Shell) -> tuple[list[GpuFact], str | None]:
         return [], None
     if not res.ok:
         raise RemoteError(
-            f"nvidia-smi failed on the host (exit {res.rc}): {(res.stderr or res.stdout).strip()[:300]}",
+            f"nvidia-smi failed on the host (exit {res.rc}): "
+            f"{(res.stderr or res.stdout).strip()[:300]}",
             fix="check the NVIDIA driver on the host (`nvidia-smi` must list the GPUs)",
         )
     return parse_gpus(res.stdout)
@@ -264,7 +265,8 @@ def systemctl(scope: str) -> str:
 
 
 def units_command(scope: str, pattern: str = "dsv4-*") -> str:
-    return f"{systemctl(scope)} list-units --all --plain --no-legend --no-pager {shlex.quote(pattern)}"
+    return (f"{systemctl(scope)} list-units --all --plain --no-legend --no-pager "
+            f"{shlex.quote(pattern)}")
 
 
 def parse_units(stdout: str) -> list[UnitFact]:
@@ -294,7 +296,7 @@ def probe_units(shell: Shell, scope: str) -> list[UnitFact]:
 
 
 def parse_show(stdout: str) -> dict[str, dict[str, str]]:
-    """``systemctl show -p A -p B u1 u2``: blocks of KEY=VALUE separated by blank lines, in unit order.
+    """``systemctl show -p A -p B u1 u2``: blocks of KEY=VALUE separated by blank lines.
     Returned by the ``Id`` property of each block."""
     blocks: list[dict[str, str]] = [{}]
     for line in stdout.splitlines():

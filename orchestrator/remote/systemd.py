@@ -1,8 +1,9 @@
-"""The host's service manager: systemd at system scope, or ``systemctl --user`` where the inventory says.
+"""The host's service manager: systemd at system scope, or ``systemctl --user`` where the inventory
+says.
 
-Owns the commands that install unit files, reload, start, stop and inspect units, for either scope, so
-the apply steps never spell ``systemctl`` themselves. Unit files are written atomically (temp file +
-rename in the same directory) so systemd never reads a half-written unit.
+Owns the commands that install unit files, reload, start, stop and inspect units, for either scope,
+so the apply steps never spell ``systemctl`` themselves. Unit files are written atomically (temp
+file + rename in the same directory) so systemd never reads a half-written unit.
 """
 
 from __future__ import annotations

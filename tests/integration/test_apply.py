@@ -27,15 +27,14 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.deployment import resolve
 from orchestrator.errors import ExitCode
 from orchestrator.facts import Facts
-from orchestrator.planner_model import Plan, PlannedFile
+from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner_model import Plan
 from orchestrator.profile import load_text
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.schema import Profile
 from orchestrator.remote import gather_facts
-from orchestrator.render import render_release
 from tests.harness import FakeHost
 
 pytestmark = pytest.mark.integration
@@ -58,8 +57,8 @@ def profile_dict(name: str = "itest", **over: Any) -> dict[str, Any]:
                      "decode": {"gpus": [4, 5, 6, 7], "tp": 4, "ep": 4},
                      "router": {"port": 8000, "prometheus_port": 29000}},
         "kernels": {"enabled": False},
-        "health": {"startup_timeout_s": 12, "poll_interval_s": 0.3},
-        "rollout": {"keep_releases": 3, "rollback_timeout_s": 15},
+        "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3},
+        "rollout": {"keep_releases": 3, "rollback_timeout_s": 20},
     }
     for k, v in over.items():
         d[k] = v
@@ -88,21 +87,17 @@ class Env:
     def facts(self) -> Facts:
         return gather_facts(self.host_name, self.host, model_paths=[MODEL])
 
+    def profile_file(self, profile: Profile, name: str = "profile.yaml") -> Path:
+        path = self.tmp / name
+        path.write_text(yaml.safe_dump(profile.model_dump(mode="json", by_alias=True)))
+        return path
+
     def plan(self, profile: Profile, facts: Facts | None = None) -> Plan:
-        """A plan as `dsv4ctl plan --host h -o` saves it: probed facts, rendered files."""
+        """The plan `dsv4ctl plan --host h -o` saves: the real planner over probed facts."""
         facts = facts or self.facts()
-        dep = resolve(profile, self.host_name, self.host, default_index_topk=512,
-                      max_context_length=1048576)
-        tree = render_release(profile, dep)
-        files = [PlannedFile(path=p, mode=f.mode, sha256=None if f.sensitive else f.sha256,
-                             sensitive=f.sensitive, roles=list(f.roles),
-                             content=None if f.sensitive else f.content)
-                 for p, f in tree.all_files().items()]
-        return Plan(tool_version="test", profile_name=profile.name, profile_path=None,
-                    profile_sha256="0" * 64, host=self.host_name, facts_source="probed",
-                    facts_fingerprint=facts.fingerprint(),
-                    current_release=facts.current_release, deployment=dep, capacity=[],
-                    gpus=[], disks=[], checks=[], files=files, actions=[], restarts=[])
+        plan = plan_from_paths(self.profile_file(profile), self.inventory_path, facts=facts)
+        assert not plan.errors, [c.message for c in plan.errors]
+        return plan
 
     def save(self, plan: Plan, name: str = "plan.json") -> Path:
         path = self.tmp / name
@@ -210,3 +205,224 @@ def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]
     assert "No changes." in capsys.readouterr().out
     assert {m: env.starts(m) for m in before} == before
     assert env.releases() == [rel] and env.current() == rel and env.lock_free()
+
+
+def decode_knob(env: Env, bs: int) -> Profile:
+    """The base profile with only decode's cuda_graph_max_bs changed (decode's files only)."""
+    d = profile_dict()
+    d["topology"]["decode"]["cuda_graph_max_bs"] = bs
+    return load_text(Profile, yaml.safe_dump(d), "profile.yaml")
+
+
+def rule(argv: str, switches: dict[str, Any]) -> dict[str, Any]:
+    """Simulator control: processes whose command line contains ``argv`` get ``switches``."""
+    return {"rules": [{"match": {"argv_contains": [argv]}, "set": switches}]}
+
+
+def journal(rec: dict[str, Any]) -> dict[str, str]:
+    return {e["step"]: e["result"] for e in rec["journal"]}
+
+
+def test_decode_change_restarts_only_decode(env: Env) -> None:
+    r1 = first_release(env)
+    before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
+    # `dsv4ctl apply PROFILE`: planned against live facts, then applied
+    assert env.cli("apply", str(env.profile_file(decode_knob(env, 32), "p2.yaml"))) == 0
+    r2 = env.current()
+    assert r2 != r1 and env.record(r2)["status"] == "healthy"
+    assert env.record(r2)["restarted_roles"] == ["decode"]
+    after = {m: env.starts(m) for m in before}
+    assert after == {**before, "decode": before["decode"] + 1}
+    assert env.serves() and env.lock_free()
+
+
+def test_never_ready_rolls_back_and_old_release_serves(env: Env,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    r1 = first_release(env)
+    # only the new decode command line (cuda-graph-max-bs 32) never becomes ready
+    env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 32", {"never_ready": True}))
+    plan_path = env.save(env.plan(decode_knob(env, 32)), "p2.json")
+    capsys.readouterr()
+    assert env.cli("apply", str(plan_path)) == ExitCode.ROLLED_BACK
+    out = capsys.readouterr()
+    assert "rolled back" in out.out and "To recover:" in out.out
+    env.assert_recovered(r1)
+    r2 = next(r for r in env.releases() if r != r1)
+    rec = env.record(r2)
+    steps = journal(rec)
+    assert rec["status"] == "rolled-back" and rec["rollback_target"] == r1
+    assert steps["health"] == "failed" and steps["smoke"] == "not-run"
+    assert all(steps[f"rollback:{s}"] == "ok" for s in ("stop", "switch", "start", "health"))
+    assert "not healthy" in next(e["error"] for e in rec["journal"] if e["step"] == "health")
+    assert any(e["kind"] == "rollback-to" for e in env.record(r1)["events"])
+    # the same saved plan cannot be applied again
+    capsys.readouterr()
+    assert env.cli("apply", str(plan_path)) == ExitCode.STALE_PLAN
+    assert "already applied" in capsys.readouterr().err
+    assert env.lock_free()
+
+
+def test_crash_after_start_rolls_back(env: Env) -> None:
+    r1 = first_release(env)
+    env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 48", {"crash_after_s": 1.0}))
+    assert env.apply(decode_knob(env, 48), name="p2.json") == ExitCode.ROLLED_BACK
+    env.assert_recovered(r1)
+    r2 = next(r for r in env.releases() if r != r1)
+    rec = env.record(r2)
+    err = next(e["error"] for e in rec["journal"] if e["step"] == "health")
+    assert "crashed" in err
+    assert rec["status"] == "rolled-back"
+
+
+def test_connection_dropped_during_upload(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote.connection import RemoteHost
+
+    r1 = first_release(env)
+    original = RemoteHost.put_bytes
+
+    def dropping(self: RemoteHost, data: bytes, remote_path: str, **kw: Any) -> None:
+        if remote_path.endswith(".tar.gz"):
+            def cut(done: int, total: int) -> None:
+                if done >= total // 2:
+                    self.connection.client.get_transport().close()  # the network goes away
+            kw["on_progress"], kw["chunk"] = cut, 4096
+        original(self, data, remote_path, **kw)
+
+    monkeypatch.setattr(RemoteHost, "put_bytes", dropping)
+    assert env.apply(decode_knob(env, 24), name="p2.json") == ExitCode.ERROR
+    monkeypatch.setattr(RemoteHost, "put_bytes", original)
+    env.assert_recovered(r1)
+    r2 = next(r for r in env.releases() if r != r1)
+    rec = env.record(r2)
+    assert rec["status"] == "failed" and journal(rec)["upload"] == "failed"
+    assert journal(rec)["switch"] == "not-run"
+    # no half-uploaded tree is left, and the failed release was never made current
+    assert env.fake.exec(f"ls -a {ROOT}/releases | grep -c tmp").stdout.strip() == "0"
+    assert env.fake.exec(f"test -e {ROOT}/releases/{r2}/units").returncode != 0
+
+
+def test_concurrent_apply_refused_with_holder_shown(env: Env,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.remote.connection import connect
+    from orchestrator.remote.lock import HostLock
+
+    r1 = first_release(env)
+    with connect(env.host_name, env.host) as remote:
+        lock = HostLock(remote, ROOT, "dsv4ctl apply other-plan.json")
+        lock.acquire()
+        assert not env.lock_free()
+        capsys.readouterr()
+        assert env.apply(decode_knob(env, 32), name="p2.json") == ExitCode.LOCKED
+        err = capsys.readouterr().err
+        assert "locked by another dsv4ctl run" in err and "dsv4ctl apply other-plan.json" in err
+        # unlock without --force only shows the holder
+        assert env.cli("unlock", "--host", "h") == ExitCode.LOCKED
+        assert "other-plan.json" in capsys.readouterr().out
+        assert not env.lock_free()
+        # --force ends the holder: the lock is free although our session still exists
+        assert env.cli("unlock", "--host", "h", "--force") == 0
+        assert env.lock_free()
+        lock.release()
+    assert env.current() == r1 and env.releases() == [r1]
+
+
+def test_stale_saved_plan_refused(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.sim.nvidia_smi import default_config
+
+    stale = env.save(env.plan(env.profile()), "stale.json")  # made against the empty host
+    r1 = first_release(env)
+    capsys.readouterr()
+    assert env.cli("apply", str(stale)) == ExitCode.STALE_PLAN
+    assert "current release is " + r1 in capsys.readouterr().err
+    # facts changed: a GPU disappeared after planning
+    plan = env.save(env.plan(decode_knob(env, 32)), "p2.json")
+    env.fake.set_gpus(default_config(7))
+    try:
+        assert env.cli("apply", str(plan)) == ExitCode.STALE_PLAN
+        assert "facts" in capsys.readouterr().err
+    finally:
+        env.fake.set_gpus(default_config(8))
+    assert env.current() == r1 and env.lock_free() and env.releases() == [r1]
+
+
+def test_ctrl_c_during_apply(env: Env) -> None:
+    r1 = first_release(env)
+    env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 32", {"start_delay_s": 30}))
+    plan = env.save(env.plan(decode_knob(env, 32)), "p2.json")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", "from orchestrator.cli import entrypoint; entrypoint()",
+         "apply", str(plan), "-i", str(env.inventory_path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "waiting:" in line:
+                seen.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert seen.wait(60), "apply never reached the health wait:\n" + "".join(lines)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == ExitCode.INTERRUPTED, "".join(lines)
+    t.join(5)
+    env.assert_recovered(r1)
+    r2 = next(r for r in env.releases() if r != r1)
+    rec = env.record(r2)
+    steps = journal(rec)
+    assert rec["status"] == "interrupted" and steps["health"] == "interrupted"
+    assert steps["rollback:health"] == "ok"
+
+
+def test_explicit_rollback_history_status(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    r1 = first_release(env)
+    assert env.apply(decode_knob(env, 32), name="p2.json") == 0
+    r2 = env.current()
+    before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
+    assert env.cli("rollback", r1, "--host", "h") == 0
+    assert env.current() == r1
+    assert {m: env.starts(m) for m in before} == {**before, "decode": before["decode"] + 1}
+    env.assert_recovered(r1)
+    events = env.record(r1)["events"]
+    assert events[-1]["kind"] == "rollback-to" and events[-1]["other"] == r2
+    assert any(e["kind"] == "rolled-back-from" for e in env.record(r2)["events"])
+    capsys.readouterr()
+    assert env.cli("history", "--host", "h") == 0
+    out = capsys.readouterr().out
+    assert f"* {r1}" in out and f"  {r2}" in out
+    assert env.cli("status", "--host", "h") == 0
+    out = capsys.readouterr().out
+    assert f"current release {r1} (healthy)" in out and "no drift" in out
+    # drift: someone edits a launch script on the host
+    env.fake.exec(f"echo '# edited' >> {ROOT}/releases/{r1}/bin/launch-decode.sh")
+    assert env.cli("status", "--host", "h") == 1
+    assert "drift (files): bin/launch-decode.sh modified" in capsys.readouterr().out
+    # default target: the last healthy release before current (none before r1)
+    assert env.cli("rollback", "--host", "h") == 1
+    assert "no healthy release before" in capsys.readouterr().err
+    assert env.cli("rollback", "r9999-20260101T000000Z-deadbeef", "--host", "h") == 1
+
+
+def test_pruning_keeps_current_and_last_healthy(env: Env) -> None:
+    d = profile_dict()
+    d["rollout"]["keep_releases"] = 2
+    base = load_text(Profile, yaml.safe_dump(d), "p.yaml")
+    assert env.apply(base, name="p1.json") == 0
+    r1 = env.current()
+    # every later decode command line crashes at once, so each apply fails fast and rolls back
+    env.fake.write_sim_control({"rules": [{"match": {"argv_contains": ["--cuda-graph-max-bs"]},
+                                           "set": {"crash_after_s": 0.2}}]})
+    failed = []
+    for i, bs in enumerate((16, 24, 40)):
+        d["topology"]["decode"]["cuda_graph_max_bs"] = bs
+        prof = load_text(Profile, yaml.safe_dump(d), "p.yaml")
+        assert env.apply(prof, name=f"f{i}.json") == ExitCode.ROLLED_BACK
+        failed.append(next(r for r in env.releases() if r not in (r1, *failed)))
+    # keep 2: the two newest stay, the oldest failed one is gone, and r1 - current and the last
+    # healthy release - stays although it is the oldest of all
+    assert env.releases() == [r1, failed[1], failed[2]]
+    env.assert_recovered(r1)

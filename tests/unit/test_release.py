@@ -1,0 +1,208 @@
+"""Releases: ids, pruning, records, the playbooks, and the release store's real shell commands.
+
+The store is exercised with a local shell (bash + coreutils on this machine, the same commands that
+run on a host over SSH): upload with hash verification, atomic switch, pruning, record rewrite.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.apply.executor import ACTIONS
+from orchestrator.apply.playbook import load_playbook
+from orchestrator.apply.steps import (
+    FileInfo,
+    changed_roles,
+    manifest_files,
+    pick_rollback_target,
+)
+from orchestrator.errors import InputError, RemoteError
+from orchestrator.release.ids import is_release_id, new_release_id, sequence, sort_ids
+from orchestrator.release.prune import select_prunable
+from orchestrator.release.record import ReleaseRecord, last_healthy
+from orchestrator.release.store import ReleaseStore, build_tarball
+from orchestrator.remote.probes import CommandResult
+
+T = datetime(2026, 11, 29, 10, 15, 0, tzinfo=UTC)
+
+
+def test_release_ids_sortable_unique() -> None:
+    a = new_release_id([], T, "1a2b3c4d" + "0" * 56)
+    assert a == "r0001-20261129T101500Z-1a2b3c4d" and is_release_id(a)
+    b = new_release_id([a, "junk", ".tmp-x"], T, "ffffffff")
+    assert b.startswith("r0002-") and sequence(b) == 2
+    # sequence decides order even when the clock went backwards
+    c = new_release_id([a, b], datetime(2020, 1, 1, tzinfo=UTC), "00000000")
+    assert sort_ids([c, a, b]) == [a, b, c]
+    assert sequence("r10000-20261129T101500Z-1a2b3c4d") == 10000
+    with pytest.raises(ValueError):
+        new_release_id([], T, "xyz")
+
+
+@given(n=st.integers(2, 30), keep=st.integers(1, 10), cur=st.integers(0, 29),
+       healthy=st.integers(0, 29))
+def test_prune_never_removes_current_or_last_healthy(n: int, keep: int, cur: int,
+                                                     healthy: int) -> None:
+    ids = [f"r{i + 1:04d}-20261129T101500Z-00000000" for i in range(n)]
+    current, lh = ids[cur % n], ids[healthy % n]
+    doomed = select_prunable([*ids, "not-a-release"], keep=keep, current=current,
+                             last_healthy=lh)
+    assert current not in doomed and lh not in doomed
+    assert set(ids[-keep:]).isdisjoint(doomed)
+    assert len(doomed) == max(0, n - len(set(ids[-keep:]) | {current, lh}))
+
+
+def rec(i: int, status: str) -> ReleaseRecord:
+    return ReleaseRecord(id=f"r{i:04d}-20261129T101500Z-00000000", created="", host="h",
+                         deployment="d", profile_name="p", plan_id="x", base_release=None,
+                         status=status)  # type: ignore[arg-type]
+
+
+def test_last_healthy_and_rollback_target() -> None:
+    rs = [rec(1, "healthy"), rec(2, "healthy"), rec(3, "rolled-back"), rec(4, "applying")]
+    assert last_healthy(rs) == rs[1].id
+    assert last_healthy(rs, exclude=[rs[1].id]) == rs[0].id
+    # the release serving when the apply began wins, if it was healthy
+    assert pick_rollback_target(rs, rs[0].id, rs[3].id) == rs[0].id
+    # else the newest healthy one, never the failed release itself
+    assert pick_rollback_target(rs, rs[2].id, rs[3].id) == rs[1].id
+    assert pick_rollback_target([rec(1, "failed")], None, None) is None
+
+
+def test_changed_roles() -> None:
+    a = {"units/x": FileInfo("1", ("decode",)), "bin/p": FileInfo("2", ("prefill",)),
+         "monitoring/m": FileInfo("3", ())}
+    b = dict(a)
+    assert changed_roles(a, b) == set()
+    b["monitoring/m"] = FileInfo("4", ())
+    assert changed_roles(a, b) == set()  # monitoring changes restart nothing
+    b["units/x"] = FileInfo("9", ("decode",))
+    assert changed_roles(a, b) == {"decode"}
+    del b["bin/p"]
+    assert changed_roles(a, b) == {"decode", "prefill"}
+    assert changed_roles({}, b) == {"decode"}
+    assert manifest_files({"files": {"a": {"sha256": "h", "roles": ["router"]}}}) == {
+        "a": FileInfo("h", ("router",))}
+
+
+def test_playbooks_load_and_reference_known_actions(tmp_path: Path) -> None:
+    apply_pb = load_playbook("apply", set(ACTIONS))
+    names = [s.name for s in apply_pb.steps]
+    assert names == ["preflight", "upload", "kernels", "stop", "switch", "units", "start",
+                     "health", "smoke", "qualify", "record"]
+    # everything from the first step that can touch serving on rolls back
+    assert [s.on_failure for s in apply_pb.steps][3:9] == ["rollback"] * 6
+    assert load_playbook("rollback", set(ACTIONS)).steps[-1].action == "record_rollback"
+    (tmp_path / "bad.yaml").write_text("name: bad\nsteps:\n  - {name: a, action: nope}\n"
+                                       "  - {name: a, action: preflight}\n")
+    with pytest.raises(InputError) as exc:
+        load_playbook("bad", set(ACTIONS), directory=tmp_path)
+    text = exc.value.render()
+    assert "unknown action" in text and "unique" in text and "bad.yaml" in text
+
+
+class LocalShell:
+    """The store's HostShell on this machine: the same shell commands, run by bash locally."""
+
+    name = "local"
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        p = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout)
+        return CommandResult(command, p.returncode, p.stdout, p.stderr)
+
+    def check(self, command: str, *, timeout: float | None = None, what: str = "") -> str:
+        r = self.run(command, timeout=timeout)
+        if r.rc:
+            raise RemoteError(f"{what} failed: {r.stderr}")
+        return r.stdout
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644, chunk: int = 1 << 16,
+                  on_progress: Callable[[int, int], None] | None = None) -> None:
+        Path(remote_path).write_bytes(data)
+        Path(remote_path).chmod(mode)
+
+    def replace_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        tmp = Path(remote_path + ".tmp")
+        self.put_bytes(data, str(tmp), mode=mode)
+        tmp.replace(remote_path)
+
+
+def tree(decode_arg: str) -> tuple[dict[str, tuple[bytes, int]], dict[str, str]]:
+    import hashlib
+    import json
+
+    files = {"bin/launch-decode.sh": (f"exec sglang {decode_arg}\n".encode(), 0o755),
+             "units/dsv4-x-decode.service": (b"[Service]\n", 0o644)}
+    sha = {p: hashlib.sha256(d).hexdigest() for p, (d, _) in files.items()}
+    manifest = json.dumps({"format": 1, "files": {p: {"sha256": h, "roles": ["decode"]}
+                                                  for p, h in sha.items()}})
+    files["manifest.json"] = (manifest.encode(), 0o644)
+    return files, sha
+
+
+def test_store_upload_switch_prune_records(tmp_path: Path) -> None:
+    store = ReleaseStore(LocalShell(), str(tmp_path / "root"))
+    store.ensure_layout()
+    assert store.current() is None and store.list_ids() == []
+    ids = [f"r{i:04d}-20261129T101500Z-0000000{i}" for i in (1, 2, 3)]
+    for i, rid in enumerate(ids):
+        r = rec(i + 1, "healthy")
+        store.write_record(r.model_copy(update={"id": rid}))
+        files, sha = tree(f"--n {i}")
+        store.upload(rid, files, sha)
+        store.switch(rid)
+        assert store.current() == rid
+        assert (tmp_path / "root/current").is_symlink()
+        assert (tmp_path / f"root/releases/{rid}/bin/launch-decode.sh").stat().st_mode & 0o111
+    assert store.list_ids() == ids
+    assert [r.id for r in store.read_records()] == ids
+    assert store.manifest(ids[0])["bin/launch-decode.sh"] == tree("--n 0")[1][
+        "bin/launch-decode.sh"]
+    # a corrupted upload is refused before anything moves into releases/
+    files, sha = tree("--n 9")
+    sha["bin/launch-decode.sh"] = "0" * 64
+    with pytest.raises(RemoteError, match="verifying"):
+        store.upload("r0009-20261129T101500Z-00000009", files, sha)
+    assert not (tmp_path / "root/releases/r0009-20261129T101500Z-00000009/bin").exists()
+    store.clean_temp()
+    assert not list((tmp_path / "root/releases").glob(".tmp-*"))
+    # switching to an incomplete release is refused; current stays
+    with pytest.raises(RemoteError):
+        store.switch("r0009-20261129T101500Z-00000009")
+    assert store.current() == ids[2]
+    # current points at the oldest; keep 1 keeps the newest plus current plus last healthy
+    store.switch(ids[0])
+    assert store.prune(1, last_healthy=ids[1]) == []
+    assert store.prune(1, last_healthy=ids[0]) == [ids[1]]
+    assert store.list_ids() == [ids[0], ids[2]]
+
+
+def test_store_reports_unreadable_record(tmp_path: Path) -> None:
+    store = ReleaseStore(LocalShell(), str(tmp_path))
+    d = tmp_path / "releases" / "r0001-20261129T101500Z-00000001"
+    d.mkdir(parents=True)
+    (d / "record.json").write_text("{broken")
+    (r,) = store.read_records()
+    assert r.status == "failed" and "unreadable" in r.reason
+
+
+def test_secrets_file_is_private_and_quoted(tmp_path: Path) -> None:
+    store = ReleaseStore(LocalShell(), str(tmp_path))
+    store.write_secrets("dep", {"HF_TOKEN": 'a"b\\c'})
+    f = tmp_path / "secrets" / "dep.env"
+    assert f.read_text() == 'HF_TOKEN="a\\"b\\\\c"\n'
+    assert f.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(RemoteError, match="newline"):
+        store.write_secrets("dep", {"X": "a\nb"})
+
+
+def test_tarball_is_deterministic() -> None:
+    files, _ = tree("--x")
+    assert build_tarball(files) == build_tarball(dict(reversed(list(files.items()))))
