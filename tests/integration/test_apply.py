@@ -32,7 +32,7 @@ from orchestrator.facts import Facts
 from orchestrator.planner.build import plan_from_paths
 from orchestrator.planner_model import Plan
 from orchestrator.profile import load_text
-from orchestrator.profile.inventory import Host, Inventory
+from orchestrator.profile.inventory import Host, Inventory, JumpHost
 from orchestrator.profile.schema import Profile
 from orchestrator.remote import gather_facts
 from tests.harness import FakeHost
@@ -426,3 +426,68 @@ def test_pruning_keeps_current_and_last_healthy(env: Env) -> None:
     # healthy release - stays although it is the oldest of all
     assert env.releases() == [r1, failed[1], failed[2]]
     env.assert_recovered(r1)
+
+
+def test_qualification_gate_pass_then_fail_rolls_back(env: Env) -> None:
+    d = profile_dict()
+    d["health"]["qualify"] = {"min_output_tok_s": 1.0, "load_concurrency": 2,
+                              "load_duration_s": 1.0, "on_fail": "rollback"}
+    assert env.apply(load_text(Profile, yaml.safe_dump(d), "p.yaml"), name="q1.json") == 0
+    r1 = env.current()
+    rec = env.record(r1)
+    assert journal(rec)["qualify"] == "ok"
+    assert "load_output_tok_s" in next(e["detail"] for e in rec["journal"]
+                                       if e["step"] == "qualify")
+    # an unreachable throughput bar: qualification fails like a failed health check
+    d["health"]["qualify"]["min_output_tok_s"] = 1e9
+    d["topology"]["decode"]["cuda_graph_max_bs"] = 32  # and decode changes, so it restarts
+    assert env.apply(load_text(Profile, yaml.safe_dump(d), "p.yaml"),
+                     name="q2.json") == ExitCode.ROLLED_BACK
+    env.assert_recovered(r1)
+    r2 = next(r for r in env.releases() if r != r1)
+    err = next(e["error"] for e in env.record(r2)["journal"] if e["step"] == "qualify")
+    assert "qualification failed" in err and "required" in err
+
+
+def test_topology_change_pd_to_colocated_removes_old_units(env: Env) -> None:
+    r1 = first_release(env)
+    d = profile_dict()
+    d["topology"] = {"mode": "colocated", "engine": {"gpus": list(range(8)), "tp": 8, "ep": 8}}
+    assert env.apply(load_text(Profile, yaml.safe_dump(d), "p.yaml"), name="c.json") == 0
+    r2 = env.current()
+    assert r2 != r1 and env.record(r2)["status"] == "healthy"
+    units = env.fake.exec("ls ~/.config/systemd/user").stdout.split()
+    assert "dsv4-itest-engine.service" in units
+    assert not any(u in units for u in ("dsv4-itest-decode.service", "dsv4-itest-prefill.service",
+                                        "dsv4-itest-router.service"))
+    active = env.fake.exec("systemctl --user is-active dsv4-itest-decode.service "
+                           "dsv4-itest-engine.service").stdout.split()
+    assert active == ["inactive", "active"]
+    # rolling back to the PD release brings its three units back and removes the engine's
+    assert env.cli("rollback", "--host", "h") == 0
+    env.assert_recovered(r1)
+    assert "dsv4-itest-engine.service" not in env.fake.exec(
+        "ls ~/.config/systemd/user").stdout.split()
+
+
+def test_jump_host_and_connect_errors(env: Env, hosts: list[FakeHost]) -> None:
+    """Reach host1 through host2 as a bastion (ProxyJump over real sshd); a wrong key fails at
+    once with a clear message, a closed port after the retries."""
+    from orchestrator.errors import RemoteError
+    from orchestrator.remote.connection import RemoteHost
+
+    jump = hosts[1].inventory_dict()
+    via = env.host.model_copy(update={"jump": JumpHost(address=jump["address"],
+                                                       user=jump["user"], port=jump["port"])})
+    facts = gather_facts("h", via)
+    assert len(facts.gpus) == 8 and 22 in facts.ports_in_use
+    bad_key = env.tmp / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(bad_key)], check=True)
+    sleeps: list[float] = []
+    with pytest.raises(RemoteError, match=r"authentication .* failed") as exc:
+        RemoteHost("h", env.host.model_copy(update={"key": str(bad_key)}),
+                   sleep=sleeps.append).connect()
+    assert sleeps == [] and "authorized_keys" in (exc.value.fix or "")
+    with pytest.raises(RemoteError, match="after 4 attempts"):
+        RemoteHost("h", env.host.model_copy(update={"port": 2}), sleep=sleeps.append).connect()
+    assert sleeps == [1.0, 2.0, 4.0]
