@@ -65,6 +65,7 @@ class Timer:
             fn()
         g.replay()
         torch.cuda.synchronize()
+        self.last_graph = g
         return self._measure(g.replay, reps)
 
     def eager(self, fn: Callable[[], Any], reps: int = 5) -> float:
@@ -168,7 +169,7 @@ def _decode_shape(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, flo
     if bsz <= 8:
         extra["us_nosplit"] = timer.graph(lambda: run_ours(DecodeConfig(nsplit=1)))
         extra["split_speedup"] = extra["us_nosplit"] / t_ours
-    if bsz == 64 and sweep:
+    if bsz in (1, 64) and sweep:
         best = {}
         for cfg in sweep:
             try:
@@ -250,10 +251,14 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
     def run_logits() -> None:
         indexer_logits(q, cache, w, lens, pt, mk, out=ws)
 
-    t_all = timer.graph(run_all)
     t_log = timer.graph(run_logits)
+    t_all = timer.graph(run_all)
+    timer.last_graph.replay()
+    torch.cuda.synchronize()
+    from_graph = out.clone()
     run_all()
     torch.cuda.synchronize()
+    graph_equal = bool(torch.equal(from_graph, out))
     must = batch * n * INDEX_BYTES_PER_TOKEN + batch * (-(-n // page)) * 4
     row: dict[str, Any] = {"ctx": ctx, "keys": n, "max_ctx": max_ctx, "us": t_all,
                            "us_logits": t_log, "us_topk": t_all - t_log, "bytes": must,
@@ -263,7 +268,8 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
     got = ws[sub, :n]
     row["logits_rel_err"] = float((got - ref).norm() / ref.norm())
     tk = check_topk(out[sub], None, got, lens[sub], pt[sub], page, topk)
-    row["ok"] = row["logits_rel_err"] < 2e-3 and tk["ok"]
+    row["graph_equal"] = graph_equal
+    row["ok"] = row["logits_rel_err"] < 2e-3 and tk["ok"] and graph_equal
     if base is not None and setup.get("with_base", False):
         fn = base["fp8_paged_mqa_logits_torch_sm120"]
         tk_fn = base["topk_transform_pytorch_vectorized"]
@@ -357,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(device)
     sweep = []
     if args.sweep:
-        sweep = [DecodeConfig(block_h=bh, block_t=bt, num_warps=nw, num_stages=ns)
-                 for bh, bt, nw, ns in [(64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 8, 2),
-                                        (32, 32, 8, 1), (32, 64, 8, 1), (64, 16, 8, 1),
-                                        (64, 32, 16, 1), (16, 64, 4, 1)]]
+        sweep = [DecodeConfig(block_t=bt, num_stages=ns, variant=v)
+                 for v, bt, ns in [("full", 64, 1), ("full", 64, 2), ("full", 32, 2),
+                                   ("full", 64, 3), ("dsplit", 32, 2), ("dsplit", 64, 2),
+                                   ("dsplit", 16, 3)]]
     skip = set(args.skip.split(","))
     if "decode" not in skip:
         bench_decode(timer, base, res["ceilings"], device,

@@ -10,11 +10,12 @@ whatever the real length. Here all work and traffic follow each row's real lengt
   ``scale[n] * sum_h w[h] * relu(q_h . k_n)`` with an FP8 ``tl.dot`` (keys as M so that
   Hopper can use wgmma). Nothing past ``len`` is touched unless ``clean=True`` (the SGLang
   drop-in contract, which fills ``-inf`` there).
-* ``indexer_topk``: one program per row; rows with ``len <= k`` emit ``0..len-1`` and -1;
-  longer rows run a 4-pass 8-bit radix select over the first ``len`` logits (monotone uint32
-  keys, ``tl.histogram``), then one compaction pass that keeps every key above the threshold
-  and the first ones equal to it in index order (deterministic tie-break). The page-table
-  transform to physical slots (``page_table[b, i // ps] * ps + i % ps``, FlashMLA's
+* ``indexer_topk``: rows with ``len <= k`` emit ``0..len-1`` and -1; longer rows run a
+  4-pass 8-bit radix select over the first ``len`` logits (monotone uint32 keys,
+  ``tl.histogram``), each row split over several programs whose histograms meet in a small
+  global buffer (atomics), then a count pass and a compaction pass that keeps every key above
+  the threshold and the first ones equal to it in index order (deterministic tie-break). The
+  page-table transform to physical slots (``page_table[b, i // ps] * ps + i % ps``, FlashMLA's
   ``extra_indices``) is fused into the compaction.
 
 Both are capture-safe: fixed grids, lengths on the device, no host synchronisation.
@@ -92,52 +93,124 @@ def _slot_of(pt_row, pos, mask, page_size):
 
 
 @triton.jit
-def _topk_kernel(
-    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, out_ptr, stride_or,
-    raw_ptr, stride_rr, max_len,
-    K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr, WRITE_RAW: tl.constexpr,
+def _select_digit(hist, k_rem):
+    """Largest bin b with count(bins >= b) >= k_rem; returns (b, k_rem minus count above b)."""
+    bins = tl.arange(0, 256)
+    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys in bins >= b
+    sel = tl.max(tl.where(suffix >= k_rem, bins, -1), 0)
+    above = tl.sum(tl.where(bins > sel, hist, 0), 0)
+    return sel, k_rem - above
+
+
+@triton.jit
+def _threshold(hist_row, K: tl.constexpr, UPTO: tl.constexpr):
+    """Replay the digit choices of passes < UPTO from the row's global histograms."""
+    prefix = tl.zeros([], tl.uint32)
+    k_rem = tl.full([], K, tl.int32)
+    for q in tl.static_range(UPTO):
+        h = tl.load(hist_row + q * 256 + tl.arange(0, 256))
+        sel, k_rem = _select_digit(h, k_rem)
+        prefix = (prefix << 8) | sel.to(tl.uint32)
+    return prefix, k_rem
+
+
+@triton.jit
+def _chunk_bounds(n, sp, NPROG: tl.constexpr, BLOCK: tl.constexpr):
+    per = tl.cdiv(tl.cdiv(n, NPROG), BLOCK) * BLOCK
+    lo = sp * per
+    return lo, tl.minimum(lo + per, n)
+
+
+@triton.jit
+def _topk_hist_kernel(
+    logit_ptr, stride_lr, len_ptr, hist_ptr, max_len,
+    K: tl.constexpr, PASS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    """Radix pass PASS (8 bits, most significant first) over this program's share of a row."""
     r = tl.program_id(0)
-    n = tl.load(len_ptr + r)
-    n = tl.minimum(tl.maximum(n, 0), max_len)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    if n > K:
+        hist_row = hist_ptr + r.to(tl.int64) * 1024
+        prefix, _k_rem = _threshold(hist_row, K, PASS)
+        lo, hi = _chunk_bounds(n, tl.program_id(1), NPROG, BLOCK)
+        l_row = logit_ptr + r.to(tl.int64) * stride_lr
+        shift = 24 - 8 * PASS
+        hist = tl.zeros([512], tl.int32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < hi
+            key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
+            match = m if PASS == 0 else m & ((key >> (shift + 8)) == prefix)
+            digit = ((key >> shift) & 255).to(tl.int32)
+            hist += tl.histogram(tl.where(match, digit, 256), 512)
+        bins = tl.arange(0, 512)
+        tl.atomic_add(hist_row + PASS * 256 + bins, hist, mask=bins < 256)
+
+
+@triton.jit
+def _topk_count_kernel(
+    logit_ptr, stride_lr, len_ptr, hist_ptr, cnt_ptr, max_len,
+    K: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per program: how many keys of its share lie above / at the final threshold."""
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    if n > K:
+        prefix, _k_rem = _threshold(hist_ptr + r.to(tl.int64) * 1024, K, 4)
+        lo, hi = _chunk_bounds(n, sp, NPROG, BLOCK)
+        l_row = logit_ptr + r.to(tl.int64) * stride_lr
+        n_gt = tl.zeros([], tl.int32)
+        n_eq = tl.zeros([], tl.int32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < hi
+            key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
+            n_gt += tl.sum((m & (key > prefix)).to(tl.int32), 0)
+            n_eq += tl.sum((m & (key == prefix)).to(tl.int32), 0)
+        cnt = cnt_ptr + (r * NPROG + sp).to(tl.int64) * 2
+        tl.store(cnt, n_gt)
+        tl.store(cnt + 1, n_eq)
+
+
+@triton.jit
+def _topk_write_kernel(
+    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, hist_ptr, cnt_ptr,
+    out_ptr, stride_or, raw_ptr, stride_rr, max_len,
+    K: tl.constexpr, KP: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
+    WRITE_RAW: tl.constexpr,
+):
+    """Write the selected keys as physical slots: every key above the threshold and the first
+    ``k_rem`` keys equal to it in index order (deterministic), rows with ``len <= K`` as
+    ``0..len-1`` then -1."""
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
     pt_row = pt_ptr + r.to(tl.int64) * stride_pt
     o_row = out_ptr + r.to(tl.int64) * stride_or
     raw_row = raw_ptr + r.to(tl.int64) * stride_rr
-    l_row = logit_ptr + r.to(tl.int64) * stride_lr
     if n <= K:
-        pos = tl.arange(0, KP)
-        keep = pos < n
-        slot = _slot_of(pt_row, pos, keep, page_size)
-        tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
-        if WRITE_RAW:
-            tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
+        if sp == 0:
+            pos = tl.arange(0, KP)
+            keep = pos < n
+            slot = _slot_of(pt_row, pos, keep, page_size)
+            tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
+            if WRITE_RAW:
+                tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
     else:
-        bins = tl.arange(0, 512)
-        prefix = tl.zeros([], tl.uint32)
-        k_rem = tl.full([], K, tl.int32)
-        for p in tl.static_range(4):
-            shift = 24 - 8 * p
-            hist = tl.zeros([512], tl.int32)
-            for start in range(0, n, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                m = offs < n
-                key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
-                match = m if p == 0 else m & ((key >> (shift + 8)) == prefix)
-                digit = ((key >> shift) & 255).to(tl.int32)
-                hist += tl.histogram(tl.where(match, digit, 256), 512)
-            hv = tl.where(bins < 256, hist, 0)
-            suffix = tl.sum(hv, 0) - tl.cumsum(hv, 0) + hv  # count in bins >= b
-            sel = tl.max(tl.where((suffix >= k_rem) & (bins < 256), bins, -1), 0)
-            above = tl.sum(tl.where(bins > sel, hv, 0), 0)
-            k_rem = k_rem - above
-            prefix = (prefix << 8) | sel.to(tl.uint32)
-        # prefix is now the exact threshold key; take all keys above it and the first
-        # k_rem keys equal to it, in index order.
-        cnt_sel = tl.zeros([], tl.int32)
-        cnt_eq = tl.zeros([], tl.int32)
-        for start in range(0, n, BLOCK):
+        prefix, k_rem = _threshold(hist_ptr + r.to(tl.int64) * 1024, K, 4)
+        progs = tl.arange(0, NPROG)
+        cnt = cnt_ptr + (r * NPROG + progs).to(tl.int64) * 2
+        before = progs < sp
+        gt_before = tl.sum(tl.where(before, tl.load(cnt), 0), 0)
+        eq_before = tl.sum(tl.where(before, tl.load(cnt + 1), 0), 0)
+        cnt_sel = gt_before + tl.minimum(eq_before, k_rem)
+        cnt_eq = eq_before
+        lo, hi = _chunk_bounds(n, sp, NPROG, BLOCK)
+        l_row = logit_ptr + r.to(tl.int64) * stride_lr
+        for start in range(lo, hi, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            m = offs < n
+            m = offs < hi
             key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
             gt = m & (key > prefix)
             eq = m & (key == prefix)
@@ -226,12 +299,16 @@ def indexer_topk(
     topk: int,
     out: torch.Tensor | None = None,
     raw_out: torch.Tensor | None = None,
-    block: int = 4096,
+    block: int = 2048,
+    nprog: int | None = None,
 ) -> torch.Tensor:
     """Top-``topk`` slots per row over ``logits[:, :len]`` with the page-to-slot transform.
 
-    Returns ``[rows, topk]`` int32 physical slots (-1 padded, order unspecified); ``raw_out``, if
-    given, receives the logical positions.
+    Returns ``[rows, topk]`` int32 physical slots (-1 padded; ascending position order within
+    the selected set); ``raw_out``, if given, receives the logical positions. Each row is cut into
+    ``nprog`` shares (static: from the row count and SM count), radix-selected in four 8-bit
+    passes whose histograms meet in a small global buffer, then counted and written; six short
+    launches, all with fixed grids.
     """
     rows = logits.shape[0]
     lens = _rows_lens(seq_lens, rows)
@@ -240,11 +317,24 @@ def indexer_topk(
     if out is None:
         out = torch.empty(rows, topk, dtype=torch.int32, device=logits.device)
     raw = raw_out if raw_out is not None else out
-    _topk_kernel[(rows,)](
-        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size,
-        out, out.stride(0), raw, raw.stride(0), logits.shape[1],
-        K=topk, KP=triton.next_power_of_2(topk), BLOCK=block, WRITE_RAW=raw_out is not None,
-        num_warps=8,
+    if nprog is None:
+        nprog = max(1, min(32, triton.next_power_of_2(max(1, 2 * device_sms(logits) // rows))))
+    if nprog & (nprog - 1):
+        raise ValueError(f"nprog must be a power of two, got {nprog}")
+    hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=logits.device)
+    cnt = torch.empty(rows, nprog, 2, dtype=torch.int32, device=logits.device)
+    max_len = logits.shape[1]
+    grid = (rows, nprog)
+    for p in range(4):
+        _topk_hist_kernel[grid](logits, logits.stride(0), lens, hist, max_len, K=topk, PASS=p,
+                                NPROG=nprog, BLOCK=block, num_warps=8)
+    _topk_count_kernel[grid](logits, logits.stride(0), lens, hist, cnt, max_len, K=topk,
+                             NPROG=nprog, BLOCK=block, num_warps=8)
+    _topk_write_kernel[grid](
+        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist, cnt,
+        out, out.stride(0), raw, raw.stride(0), max_len,
+        K=topk, KP=triton.next_power_of_2(topk), NPROG=nprog, BLOCK=block,
+        WRITE_RAW=raw_out is not None, num_warps=8,
     )
     return out
 

@@ -35,12 +35,14 @@ def _decode_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     out = []
     for spec in DECODE_CASES:
         for nsplit in (1, 5):
-            c = make_decode_case(g, device=device, **spec)
-            o, lse = sparse_mla_decode(**c.kwargs(), config=DecodeConfig(nsplit=nsplit))
-            ro, rl = ref_sparse_decode(**c.kwargs())
-            res = compare_decode(o, lse, ro, rl)
-            res.update(case=spec, nsplit=nsplit)
-            out.append(res)
+            for variant in ("full", "dsplit"):
+                c = make_decode_case(g, device=device, **spec)
+                cfg = DecodeConfig(nsplit=nsplit, variant=variant)
+                o, lse = sparse_mla_decode(**c.kwargs(), config=cfg)
+                ro, rl = ref_sparse_decode(**c.kwargs())
+                res = compare_decode(o, lse, ro, rl)
+                res.update(case=spec, nsplit=nsplit, variant=variant)
+                out.append(res)
     return out
 
 

@@ -138,7 +138,7 @@ def _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, C: tl.constexpr, DT: 
 
 
 @triton.jit
-def _sparse_decode_kernel(
+def _sparse_decode_dsplit_kernel(
     q_ptr, stride_qr, stride_qh,
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
@@ -238,16 +238,152 @@ def _sparse_decode_kernel(
 
 
 @triton.jit
-def _combine_kernel(
-    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr,
+def _load_kv_tile(
+    u8_ptr,
+    bf16_ptr,
+    idx_row_ptr,
+    t_start,
+    n_valid,
+    page_size,
+    page_bytes,
+    BT: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """Gather and dequantize BT tokens of a MODEL1 cache into a [BT, 512] tile of dtype DT."""
+    offs_t = t_start + tl.arange(0, BT)
+    in_range = offs_t < n_valid
+    idx = tl.load(idx_row_ptr + offs_t, mask=in_range, other=-1)
+    valid = in_range & (idx >= 0)
+    safe = tl.where(valid, idx, 0).to(tl.int64)
+    page = safe // page_size
+    off = safe - page * page_size
+    base = page * page_bytes + off * 576  # byte offset of the token's data
+    sbase = page * page_bytes + page_size * 576 + off * 8  # byte offset of its 8 scale bytes
+    c = tl.arange(0, 8)
+    d = tl.arange(0, 64)
+    col = c[:, None] * 64 + d[None, :]  # [8, 64]: chunks 0..6 fp8 nope, chunk 7 bf16 rope
+    is_nope = col < 448
+    v3 = valid[:, None, None]
+    raw = tl.load(u8_ptr + base[:, None, None] + col[None, :, :], mask=v3 & is_nope[None], other=0)
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    sc_raw = tl.load(u8_ptr + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :],
+                     other=0)
+    # UE8M0: the byte is the fp32 exponent field, so shifting it into place decodes 2^(e-127).
+    sc = (sc_raw.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    rope_elem = base // 2 - 224  # bf16 element index of column 448 is base/2 + 224
+    rope = tl.load(bf16_ptr + rope_elem[:, None, None] + col[None, :, :],
+                   mask=v3 & (col >= 448)[None], other=0.0).to(tl.float32)
+    k3 = tl.where(is_nope[None], nope * sc[:, :, None], rope)
+    k = tl.reshape(k3, (BT, 512)).to(DT)
+    return k, valid
+
+
+@triton.jit
+def _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT: tl.constexpr,
+                      PREC: tl.constexpr):
+    """One online-softmax step (base 2) of the BH query heads against a [BT, 512] K=V tile."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DT), k, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sparse_decode_full_kernel(
+    q_ptr, stride_qr, stride_qh,
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     r = tl.program_id(0)
     hb = tl.program_id(1)
+    sp = tl.program_id(2)
     bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
     dd = tl.arange(0, 512)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
+                mask=hmask[:, None], other=0.0).to(DT)
+
+    n_a = a_topk
+    if A_HAS_LEN:
+        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
+    n_a = tl.maximum(n_a, 0)
+    n_b = 0
+    if HAS_B:
+        n_b = b_topk
+        if B_HAS_LEN:
+            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
+        n_b = tl.maximum(n_b, 0)
+    tiles_a = tl.cdiv(n_a, BT)
+    total = tiles_a + tl.cdiv(n_b, BT)
+    per = tl.cdiv(total, NSPLIT)
+    lo = sp * per
+    hi = tl.minimum(lo + per, total)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, 512], tl.float32)
+    a_row = a_idx + r.to(tl.int64) * stride_ar
+    for t in range(lo, tl.minimum(hi, tiles_a)):
+        k, valid = _load_kv_tile(a_u8, a_bf16, a_row, t * BT, n_a, a_ps, a_pb, BT, DT)
+        m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+    if HAS_B:
+        b_row = b_idx + r.to(tl.int64) * stride_br
+        for t in range(tl.maximum(lo, tiles_a), hi):
+            k, valid = _load_kv_tile(b_u8, b_bf16, b_row, (t - tiles_a) * BT, n_b, b_ps, b_pb,
+                                     BT, DT)
+            m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+
+    has = l_i > 0.0
+    safe_l = tl.where(has, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+        o = tl.where(has[:, None], o, 0.0)
+        lse = tl.where(has, lse, float("inf"))
+        tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+    else:
+        prow = (r * NSPLIT + sp).to(tl.int64) * H
+        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], o, mask=hmask[:, None])
+        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+
+
+@triton.jit
+def _combine_kernel(
+    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr, DC: tl.constexpr,
+):
+    """Merge split partials of (row, head block, column block) with a log-sum-exp (base 2)."""
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    cb = tl.program_id(2)
+    bidx = r // s_q
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    dd = cb * DC + tl.arange(0, DC)
     gmax = tl.full([BH], float("-inf"), tl.float32)
     for s in range(NSPLIT):
         lp = tl.load(lp_ptr + (r * NSPLIT + s).to(tl.int64) * H + heads, mask=hmask,
@@ -255,7 +391,7 @@ def _combine_kernel(
         gmax = tl.maximum(gmax, lp)
     gm = tl.where(gmax == float("-inf"), 0.0, gmax)
     tot = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, 512], tl.float32)
+    acc = tl.zeros([BH, DC], tl.float32)
     for s in range(NSPLIT):
         prow = (r * NSPLIT + s).to(tl.int64) * H
         lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"))
@@ -275,21 +411,31 @@ def _combine_kernel(
     lse = tl.where(has, lse, float("inf"))
     tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
              out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-    tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+    tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse,
+             mask=hmask & ((heads * 0 + cb) == 0))
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """Tile configuration. ``nsplit=None`` lets :func:`choose_nsplit` pick from static shapes."""
+    """Kernel variant and tiles. ``None`` fields are chosen from static shapes.
+
+    ``variant``: ``"full"`` (one program per row x head block accumulates all 512 output
+    columns: fewest bytes and FLOPs, best once rows fill the GPU) or ``"dsplit"`` (two programs
+    per row x head block, each accumulating 256 columns after a shared ``Q K^T``: twice the
+    programs and a quarter of the spills, best for small batches). See NOTES.md v1-v3.
+    """
 
     block_h: int = 64
-    block_t: int = 32
+    block_t: int | None = None
     num_warps: int = 8
-    num_stages: int = 1
+    num_stages: int | None = None
     nsplit: int | None = None
+    variant: str | None = None
 
 
 DEFAULT_CONFIG = DecodeConfig()
+# Measured on H200 (NOTES.md v3): per-variant tiles.
+_VARIANT_TILES = {"full": (64, 1), "dsplit": (32, 2)}  # block_t, num_stages
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -299,9 +445,10 @@ def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
     captured for a batch size keeps a valid grid; the per-row share is re-cut on the device
     from the real lengths.
     """
-    programs = max(1, rows * head_blocks * 2)  # x2: each program owns half of the V columns
+    programs = max(1, rows * head_blocks)
     want = max(1, round(sms / programs))
-    return int(max(1, min(want, max_tiles, 64)))
+    # Cap: every split adds an fp32 partial of H x 512 per row that the combine must read back.
+    return int(max(1, min(want, max_tiles, 16)))
 
 
 def _as_cache_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -369,8 +516,16 @@ def sparse_mla_decode(
 
     block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
     head_blocks = triton.cdiv(h, block_h)
-    max_tiles = triton.cdiv(indices.shape[-1], cfg.block_t) + triton.cdiv(b_topk, cfg.block_t)
-    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks, max(1, max_tiles), device_sms(q))
+    sms = device_sms(q)
+    # dsplit doubles the programs; worth it only while the grid is far from filling the GPU
+    variant = cfg.variant or ("dsplit" if 4 * rows * head_blocks <= sms else "full")
+    if variant not in _VARIANT_TILES:
+        raise ValueError(f"variant must be 'full' or 'dsplit', got {variant!r}")
+    block_t = cfg.block_t or _VARIANT_TILES[variant][0]
+    num_stages = cfg.num_stages or _VARIANT_TILES[variant][1]
+    col_blocks = 2 if variant == "dsplit" else 1
+    max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
+    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
 
     out = torch.empty(b, s_q, h, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
@@ -383,7 +538,8 @@ def sparse_mla_decode(
         o_part = l_part = lse  # unused placeholders
     dummy = lse
     qk_scale = float(sm_scale) * LOG2E
-    _sparse_decode_kernel[(rows, 2 * head_blocks, nsplit)](
+    kernel = _sparse_decode_dsplit_kernel if variant == "dsplit" else _sparse_decode_full_kernel
+    kernel[(rows, col_blocks * head_blocks, nsplit)](
         q2, q2.stride(0), q2.stride(1),
         a_u8, a_bf, indices, indices.stride(1), topk_length if topk_length is not None else dummy,
         indices.shape[-1], a_ps, a_pb,
@@ -395,14 +551,15 @@ def sparse_mla_decode(
         A_HAS_LEN=topk_length is not None, HAS_B=has_b,
         B_HAS_LEN=has_b and extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, NSPLIT=nsplit,
-        BH=block_h, BT=cfg.block_t, DOT_F32=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BH=block_h, BT=block_t, DOT_F32=interpreting(),
+        num_warps=cfg.num_warps, num_stages=num_stages,
     )
     if nsplit > 1:
-        _combine_kernel[(rows, head_blocks)](
+        bhc = 16
+        _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
             o_part, l_part, attn_sink if attn_sink is not None else dummy,
             o2, o2.stride(0), o2.stride(1), lse, h, s_q,
-            HAS_SINK=attn_sink is not None, NSPLIT=nsplit, BH=block_h, num_warps=8,
+            HAS_SINK=attn_sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, num_warps=4,
         )
     return out, lse
 

@@ -14,11 +14,13 @@ from dsv4_kernels.cases import compare_decode, make_decode_case
 from dsv4_kernels.reference import ref_sparse_decode
 from dsv4_kernels.sparse_decode import DecodeConfig, choose_nsplit, sparse_mla_decode
 
-SMALL = DecodeConfig(block_h=16, block_t=16)
+SMALL = DecodeConfig(block_h=16, block_t=16, variant="full")
 
 
-def _run(case, nsplit: int) -> dict[str, object]:
-    out = sparse_mla_decode(**case.kwargs(), config=DecodeConfig(16, 16, 4, 1, nsplit))
+def _run(case, nsplit: int, variant: str) -> dict[str, object]:
+    cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, num_stages=1, nsplit=nsplit,
+                       variant=variant)
+    out = sparse_mla_decode(**case.kwargs(), config=cfg)
     ref = ref_sparse_decode(**case.kwargs())
     return compare_decode(*out, *ref)
 
@@ -36,8 +38,10 @@ def _run(case, nsplit: int) -> dict[str, object]:
         (dict(batch=2, heads=16, topk=16, extra_topk=16, lengths="zero"), 3),
     ],
 )
-def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int) -> None:
-    res = _run(make_decode_case(gen, **spec), nsplit)
+@pytest.mark.parametrize("variant", ["full", "dsplit"])
+def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int,
+                                  variant: str) -> None:
+    res = _run(make_decode_case(gen, **spec), nsplit, variant)
     assert res["ok"], res
 
 
@@ -75,7 +79,8 @@ def test_lengths_beyond_topk_are_clamped(gen: torch.Generator) -> None:
 
 
 def test_choose_nsplit_bounds() -> None:
-    assert choose_nsplit(rows=1, head_blocks=1, max_tiles=20, sms=132) == 20
+    assert choose_nsplit(rows=1, head_blocks=1, max_tiles=20, sms=132) == 16
+    assert choose_nsplit(rows=1, head_blocks=1, max_tiles=5, sms=132) == 5
     assert choose_nsplit(rows=128, head_blocks=1, max_tiles=20, sms=132) == 1
     assert 1 <= choose_nsplit(rows=64, head_blocks=1, max_tiles=20, sms=132) <= 2
 
@@ -89,3 +94,9 @@ def test_bad_inputs_raise_clear_errors(gen: torch.Generator) -> None:
         sparse_mla_decode(**{**kw, "q": case.q[..., :256]})
     with pytest.raises(ValueError, match="584"):
         sparse_mla_decode(**{**kw, "k_cache": torch.zeros(2, 4, 1, 576, dtype=torch.uint8)})
+
+
+def test_unknown_variant_is_rejected(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    with pytest.raises(ValueError, match="variant"):
+        sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="fast"))
