@@ -332,7 +332,7 @@ class FakeHost:
         assert sshd is not None
         _run(self._nsenter_argv([sshd, "-t", "-f", str(conf)]))
         _run(self._nsenter_argv([sshd, "-f", str(conf), "-E", str(self.log_dir / "sshd.log")]))
-        _wait_port(self.address, 22, 10)
+        _wait_port(self.address, 22, 30)  # generous: 2-core CI machines under a loaded suite
         pub = (key.with_suffix(".pub")).read_text().split()
         with open(self.known_hosts, "a") as fh:
             fh.write(f"{self.address} {pub[0]} {pub[1]}\n")
