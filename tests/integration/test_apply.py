@@ -183,8 +183,19 @@ def first_release(env: Env) -> str:
 
 # ------------------------------------------------------------------------------- scenarios ---
 
-def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
-    rel = first_release(env)
+def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "hf_SECRET_value_never_in_releases"
+    monkeypatch.setenv("DSV4_TEST_HF_TOKEN", token)
+    profile = env.profile(secrets={"HF_TOKEN": {"env": "DSV4_TEST_HF_TOKEN"}})
+    assert env.apply(profile) == 0
+    rel = env.current()
+    assert rel is not None
+    # the secret reaches the host only as the 0600 env file the units read, nowhere else
+    assert env.fake.exec(f"stat -c %a {ROOT}/secrets/itest.env").stdout.strip() == "600"
+    assert env.fake.read(f"{ROOT}/secrets/itest.env") == f'HF_TOKEN="{token}"\n'
+    leaks = env.fake.exec(f"grep -rl {token} {ROOT}/releases {ROOT}/.incoming 2>/dev/null")
+    assert leaks.stdout == "" and token not in capsys.readouterr().out
     rec = env.record(rel)
     assert rec["status"] == "healthy"
     steps = {e["step"]: e["result"] for e in rec["journal"]}
@@ -201,7 +212,7 @@ def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]
     before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
     capsys.readouterr()
     # no-change apply: restarts nothing, says so, creates no release
-    assert env.apply(env.profile(), name="again.json") == 0
+    assert env.apply(profile, name="again.json") == 0
     assert "No changes." in capsys.readouterr().out
     assert {m: env.starts(m) for m in before} == before
     assert env.releases() == [rel] and env.current() == rel and env.lock_free()

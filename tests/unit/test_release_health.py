@@ -7,6 +7,7 @@ pin the decisions: what counts as ready, crashed, registered, and when the wait 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,3 +204,22 @@ def test_smoke_generation(resp: Resp, ok: bool, text: str) -> None:
     colocated = dep("colocated")
     smoke_generate(http, colocated, "x", 1)
     assert calls[-1][0] == colocated.roles[0].port  # no router: the engine itself
+
+
+def test_server_info_drift() -> None:
+    from orchestrator.apply import _server_info_drift
+    from orchestrator.render.argv import engine_argv
+
+    d = dep()
+    role = d.roles[1]
+    argv = engine_argv(d, role)
+    same = {"served_model_name": d.served_name, "model_path": d.model_path, "tp_size": role.tp,
+            "port": role.port, "launch_command": shlex.join(["sglang", "serve", *argv])}
+    assert _server_info_drift(role, d, same) == []
+    drifted = {**same, "tp_size": 8,
+               "launch_command": shlex.join(["python", "-m", "sglang.launch_server", *argv,
+                                             "--disable-radix-cache"])}
+    out = _server_info_drift(role, d, drifted)
+    assert out[0] == "decode: tp_size is 8, the profile says 4"
+    assert out[1] == ("decode: running command line differs from the release (only running: "
+                      "['--disable-radix-cache']; only in release: -)")
