@@ -37,6 +37,11 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
     if plan.host != host_name:
         raise DsvError(f"the plan is for host '{plan.host}', not '{host_name}'",
                        fix=f"apply it to its own host: --host {plan.host}")
+    dep = plan.deployment
+    if (dep.install_root, dep.scope) != (host.install_root, host.scope):
+        raise DsvError(f"the plan targets {dep.install_root} (scope {dep.scope}) but the inventory "
+                       f"now says {host.install_root} (scope {host.scope}) for host '{host_name}'",
+                       fix=f"re-plan: dsv4ctl plan --host {host_name} -o PLAN.json")
     profile = profile_from_plan(plan)
     remote = _connect(host_name, host)
     try:

@@ -335,6 +335,30 @@ def test_concurrent_apply_refused_with_holder_shown(env: Env,
         assert env.lock_free()
         lock.release()
     assert env.current() == r1 and env.releases() == [r1]
+    # a holder that dies without releasing (SIGKILL) frees the lock with its connection
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, env.host.model_dump_json()], cwd=REPO,
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    assert not env.lock_free()
+    holder.kill()
+    holder.wait(10)
+    deadline = time.monotonic() + 10
+    while not env.lock_free():
+        assert time.monotonic() < deadline, "lock not released after its holder was killed"
+        time.sleep(0.2)
+
+
+HOLD_LOCK = """
+import sys, time
+from orchestrator.profile.inventory import Host
+from orchestrator.remote.connection import connect
+from orchestrator.remote.lock import HostLock
+remote = connect("h", Host.model_validate_json(sys.argv[1]))
+HostLock(remote, "/srv/dsv4", "dsv4ctl apply (killed)").acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
 
 
 def test_stale_saved_plan_refused(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
@@ -391,8 +415,13 @@ def test_ctrl_c_during_apply(env: Env) -> None:
 
 def test_explicit_rollback_history_status(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     r1 = first_release(env)
-    assert env.apply(decode_knob(env, 32), name="p2.json") == 0
+    # the operator's flow: `dsv4ctl plan --host h -o plan.json`, review, `dsv4ctl apply plan.json`
+    saved = env.tmp / "cli-plan.json"
+    prof = env.profile_file(decode_knob(env, 32), "p2.yaml")
+    assert env.cli("plan", str(prof), "--host", "h", "-o", str(saved)) == 0
+    assert env.cli("apply", str(saved)) == 0
     r2 = env.current()
+    assert r2 != r1
     before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
     assert env.cli("rollback", r1, "--host", "h") == 0
     assert env.current() == r1
