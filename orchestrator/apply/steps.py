@@ -360,7 +360,13 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
     if not ctx.deployment.kernels_selftest:
         return Outcome(detail=f"installed {digest}; self-test disabled (kernels.selftest: false)")
     res = ctx.remote.run(f"{py} -m dsv4_kernels.selftest", timeout=1800)
-    summary = res.stdout.strip().splitlines()[-1][:300] if res.stdout.strip() else ""
+    # keep the full JSON report next to the installed package; summarise it in the journal
+    with contextlib.suppress(DsvError):
+        ctx.remote.put_bytes(res.stdout.encode(), f"{dest}/selftest.json", mode=0o644)
+    try:
+        summary = json.dumps(json.loads(res.stdout), separators=(",", ":"))[:300]
+    except ValueError:
+        summary = res.stdout.strip()[-300:]
     if res.rc != 0:
         raise StepFailed(f"kernel self-test failed (exit {res.rc}): {summary or res.stderr[-300:]}",
                          fix="see the self-test JSON; set kernels.enabled: false to deploy without "

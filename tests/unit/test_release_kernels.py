@@ -1,0 +1,83 @@
+"""The kernels step of apply: ship the bundled `kernels/` package, pip-install it into the engine
+env, run its self-test, and map the self-test's exit code to the journal.
+
+Runs the step's real shell commands (tar, pip's command line) on this machine through a local
+shell; the engine env's `python` is a small script that records the pip call and plays the
+self-test's documented contract (one JSON document; exit 0 pass, 1 mismatch).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.apply.steps import Context, StepFailed, install_kernels, kernels_source
+from orchestrator.deployment import resolve
+from orchestrator.profile import load_text
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.schema import Profile
+from tests.unit.test_release import LocalShell
+
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in
+  *"-m pip install"*) echo "$*" >> "$(dirname "$0")/../pip.log"; exit 0;;
+  *"-m dsv4_kernels.selftest"*) d="$(dirname "$0")/.."; cat "$d/selftest.out"
+                                exit "$(cat "$d/selftest.rc")";;
+esac
+exit 99
+"""
+
+
+def make_ctx(tmp: Path, selftest: bool) -> Context:
+    env = tmp / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text(FAKE_PYTHON)
+    (env / "bin" / "python").chmod(0o755)
+    prof = load_text(Profile, yaml.safe_dump({
+        "name": "k", "host": "h", "engine": {"env": str(env)},
+        "model": {"variant": "dsv4-flash-nvfp4", "path": "/models/x"},
+        "topology": {"mode": "colocated", "engine": {"gpus": [0], "tp": 1}},
+        "kernels": {"enabled": True, "selftest": selftest}}), "p.yaml")
+    host = Host(address="h", install_root=str(tmp / "root"), gpus={"model": "x", "count": 1})
+    lines: list[str] = []
+    ctx = Context(remote=LocalShell(), host_name="h", host=host,  # type: ignore[arg-type]
+                  out=lines.append, now=lambda: datetime.now(UTC), command="t")
+    ctx.deployment = resolve(prof, "h", host, default_index_topk=512, max_context_length=1024)
+    ctx.profile = prof
+    return ctx
+
+
+def outcome(tmp: Path, rc: int, report: dict[str, Any], selftest: bool = True) -> Any:
+    ctx = make_ctx(tmp, selftest)
+    (tmp / "env" / "selftest.out").write_text(json.dumps(report, indent=2) + "\n")
+    (tmp / "env" / "selftest.rc").write_text(str(rc))
+    return install_kernels(ctx, None), ctx
+
+
+def test_kernels_installed_and_selftest_passes(tmp_path: Path) -> None:
+    res, _ = outcome(tmp_path, 0, {"passed": True, "gpus": ["NVIDIA H200"]})
+    assert "self-test passed" in res.detail and '"passed":true' in res.detail
+    (pkg,) = (tmp_path / "root" / "kernels").iterdir()
+    assert (pkg / "kernels" / "pyproject.toml").is_file()
+    assert (pkg / "kernels" / "dsv4_kernels" / "selftest.py").is_file()
+    assert not list(pkg.rglob("__pycache__")) and not (pkg / "kernels" / "tests").exists()
+    assert json.loads((pkg / "selftest.json").read_text())["passed"] is True
+    pip = (tmp_path / "env" / "pip.log").read_text()
+    assert "--no-deps --no-build-isolation" in pip and str(pkg / "kernels") in pip
+    assert kernels_source().name == "kernels"
+
+
+def test_kernels_selftest_mismatch_fails_the_step(tmp_path: Path) -> None:
+    with pytest.raises(StepFailed, match=r"self-test failed \(exit 1\)") as exc:
+        outcome(tmp_path, 1, {"passed": False, "failures": ["decode case 2: max err 0.3"]})
+    assert "decode case 2" in exc.value.message and "kernels.enabled: false" in exc.value.fix
+
+
+def test_kernels_selftest_disabled(tmp_path: Path) -> None:
+    res, _ = outcome(tmp_path, 1, {}, selftest=False)
+    assert "self-test disabled" in res.detail
