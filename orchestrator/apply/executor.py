@@ -88,7 +88,9 @@ def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None 
         ctx.save_record()
         try:
             outcome = ACTIONS[step.action](ctx, step)
-        except (DsvError, KeyboardInterrupt) as exc:
+        except (Exception, KeyboardInterrupt) as exc:
+            # Any exception, not only ours: an unexpected error after the switch must still end
+            # in a rollback and a journaled terminal state, never a half-switched host.
             interrupted = isinstance(exc, KeyboardInterrupt)
             if rec is not None and entry is not None:
                 rec.finish(entry, "interrupted" if interrupted else "failed", ctx.now(),
@@ -112,7 +114,11 @@ def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None 
 
 
 def _msg(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, DsvError) else str(exc) or type(exc).__name__
+    if isinstance(exc, DsvError):
+        return exc.message
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"unexpected {type(exc).__name__}: {exc}"
 
 
 def _reconnect(ctx: Context) -> bool:

@@ -285,6 +285,34 @@ def test_crash_after_start_rolls_back(env: Env) -> None:
     assert rec["status"] == "rolled-back"
 
 
+def test_unexpected_error_after_switch_rolls_back(env: Env,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.apply import steps
+
+    r1 = first_release(env)
+
+    real_switch = steps.ACTIONS["switch_current"]
+    calls: list[str] = []
+
+    def switch_then_bug(ctx: Any, step: Any) -> Any:
+        """Switches, then fails like a bug would - only in the apply, not in its rollback."""
+        out = real_switch(ctx, step)
+        calls.append(ctx.journal_prefix)
+        if ctx.journal_prefix == "":
+            raise RuntimeError("bug in a step")
+        return out
+
+    monkeypatch.setitem(steps.ACTIONS, "switch_current", switch_then_bug)
+    assert env.apply(decode_knob(env, 32), name="p2.json") == ExitCode.ROLLED_BACK
+    monkeypatch.undo()
+    assert calls == ["", "rollback:"]
+    env.assert_recovered(r1)
+    rec = env.record(next(r for r in env.releases() if r != r1))
+    assert journal(rec)["switch"] == "failed" and journal(rec)["rollback:health"] == "ok"
+    assert "unexpected RuntimeError: bug in a step" in next(
+        e["error"] for e in rec["journal"] if e["step"] == "switch")
+
+
 def test_connection_dropped_during_upload(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.remote.connection import RemoteHost
 

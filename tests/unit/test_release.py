@@ -98,7 +98,7 @@ def test_playbooks_load_and_reference_known_actions(tmp_path: Path) -> None:
     assert names == ["preflight", "upload", "kernels", "stop", "switch", "units", "start",
                      "health", "smoke", "qualify", "record"]
     # everything from the first step that can touch serving on rolls back
-    assert [s.on_failure for s in apply_pb.steps][3:9] == ["rollback"] * 6
+    assert [s.on_failure for s in apply_pb.steps][3:] == ["rollback"] * 8
     assert load_playbook("rollback", set(ACTIONS)).steps[-1].action == "record_rollback"
     (tmp_path / "bad.yaml").write_text("name: bad\nsteps:\n  - {name: a, action: nope}\n"
                                        "  - {name: a, action: preflight}\n")
