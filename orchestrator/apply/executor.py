@@ -237,8 +237,10 @@ class Runner:
         what = "interrupted (Ctrl-C)" if interrupted else _msg(err.cause)
         if isinstance(err.cause, RemoteError) and not _reconnect(ctx):
             done, not_done = _summary(rec)
+            local = _save_local(rec)
             return Result(ctx.target, "failed", f"{err.step} failed: {what}; the host could not "
-                          "be reached again to record it", done=done, not_done=not_done,
+                          f"be reached again, so the journal was saved here: {local}",
+                          done=done, not_done=not_done,
                           recovery=f"dsv4ctl status --host {host}")
         restored, how = True, ""
         target = None
@@ -318,6 +320,22 @@ class Runner:
                           rolled_back_to=target)
         finally:
             ctx.lock.release()
+
+
+def _save_local(rec: ReleaseRecord) -> str:
+    """Last resort when the host is unreachable: keep the journal on the controller
+    ($XDG_STATE_HOME/dsv4ctl/records/<host>/<id>.json)."""
+    import os
+    from pathlib import Path
+
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    path = base / "dsv4ctl" / "records" / rec.host / f"{rec.id}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rec.to_json(), encoding="utf-8")
+    except OSError as exc:
+        return f"(could not save it either: {exc})"
+    return str(path)
 
 
 def _who() -> tuple[str, str]:

@@ -273,6 +273,20 @@ def test_never_ready_rolls_back_and_old_release_serves(env: Env,
     assert env.lock_free()
 
 
+def test_first_apply_never_ready_stops_its_units(env: Env) -> None:
+    """Nothing earlier to restore: the failed release's units are stopped, exit 4, journaled."""
+    env.fake.write_sim_control(rule("--disaggregation-mode decode", {"never_ready": True}))
+    assert env.apply(env.profile()) == ExitCode.ROLLBACK_FAILED
+    (r1,) = env.releases()
+    rec = env.record(r1)
+    assert rec["status"] == "rollback-failed" and rec["rollback_target"] is None
+    assert journal(rec)["health"] == "failed"
+    states = env.fake.exec("systemctl --user is-active dsv4-itest-prefill.service "
+                           "dsv4-itest-decode.service dsv4-itest-router.service").stdout.split()
+    assert states == ["inactive"] * 3
+    assert env.lock_free()
+
+
 def test_crash_after_start_rolls_back(env: Env) -> None:
     r1 = first_release(env)
     env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 48", {"crash_after_s": 1.0}))
