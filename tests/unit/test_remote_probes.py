@@ -1,4 +1,6 @@
-"""Remote-layer probe parsers (orchestrator.remote.probes) on recorded real output (pyinfra-style: command + output -> fact).
+"""Remote-layer probe parsers (orchestrator.remote.probes) on recorded real output.
+
+pyinfra-style: command + recorded output -> fact.
 
 Recordings in tests/data/probes/: `nvidia-smi.h200.txt` is the probe's exact query run on an NVIDIA
 H200 (driver 580.159.04); the `*.json` files hold the command, exit code and output of each probe
