@@ -31,3 +31,21 @@ def device_sms(t: torch.Tensor) -> int:
     if t.device.type != "cuda":
         return 8
     return num_sms(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _max_shared(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)
+    if optin:
+        return int(optin)
+    # Older torch: 227 KB on sm_90/sm_100, 99 KB on sm_86/sm_89/sm_120 (CUDA guide, table 23).
+    return 232448 if props.major in (9, 10) else 101376
+
+
+def device_max_shared(t: torch.Tensor) -> int:
+    """Opt-in shared memory per block of ``t``'s device (H200's 227 KB under the interpreter)."""
+    if t.device.type != "cuda":
+        return 232448
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return _max_shared(index)

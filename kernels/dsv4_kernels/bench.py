@@ -269,6 +269,18 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
     row["logits_rel_err"] = float((got - ref).norm() / ref.norm())
     tk = check_topk(out[sub], None, got, lens[sub], pt[sub], page, topk)
     row["graph_equal"] = graph_equal
+    if setup.get("sweep") and max_ctx == 2**20 and ctx >= 2**17:
+        tk_sw: dict[str, float] = {}
+        for blk, npg in ((2048, 8), (1024, 16), (4096, 4), (1024, 32), (512, 32)):
+            tk_sw[f"block={blk},nprog={npg}"] = timer.graph(
+                lambda blk=blk, npg=npg: indexer_topk(ws, lens, pt, page, topk, out=out,
+                                                      block=blk, nprog=npg))
+        lg_sw: dict[str, float] = {}
+        for bn, nsp in ((64, 8), (128, 8), (64, 16), (128, 16), (64, 32)):
+            lg_sw[f"block_n={bn},nsplit={nsp}"] = timer.graph(
+                lambda bn=bn, nsp=nsp: indexer_logits(q, cache, w, lens, pt, mk, out=ws,
+                                                      nsplit=nsp, block_n=bn))
+        row["topk_sweep"], row["logits_sweep"] = tk_sw, lg_sw
     row["ok"] = row["logits_rel_err"] < 2e-3 and tk["ok"] and graph_equal
     if base is not None and setup.get("with_base", False):
         fn = base["fp8_paged_mqa_logits_torch_sm120"]
@@ -290,7 +302,8 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
 
 
 def bench_indexer(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, float],
-                  device: torch.device, ctxs: list[int], results: dict[str, Any]) -> None:
+                  device: torch.device, ctxs: list[int], results: dict[str, Any],
+                  sweep: bool = False) -> None:
     """Indexer (B=64, 64 heads, C4 keys = ctx / 4, top-512) against context at a 1M maximum."""
     batch, heads, page = 64, 64, 64
     n_max_keys = max(ctxs) // 4
@@ -299,7 +312,7 @@ def bench_indexer(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, flo
     q = (torch.randn(batch, heads, 128, device=device, generator=g) * 2).to(torch.float8_e4m3fn)
     w = torch.randn(batch, heads, device=device, generator=g) * heads ** -0.5
     setup = {"batch": batch, "page": page, "topk": 512, "ratio": 4, "q": q, "w": w,
-             "cache": cache, "used_pt": used_pt}
+             "cache": cache, "used_pt": used_pt, "sweep": sweep}
     rows = []
     for i, ctx in enumerate(ctxs):
         setup["with_base"] = i in (0, len(ctxs) - 1)
@@ -374,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                      [int(x) for x in args.topks.split(",")], sweep, res)
     if "indexer" not in skip:
         bench_indexer(timer, base, res["ceilings"], device,
-                      [int(x) for x in args.ctxs.split(",")], res)
+                      [int(x) for x in args.ctxs.split(",")], res, sweep=args.sweep)
     res["wall_s"] = time.time() - t0
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(res, indent=1))

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import device_sms, interpreting
+from ._runtime import device_max_shared, device_sms, interpreting
 from .layout import BYTES_PER_TOKEN, HEAD_DIM, flat_bytes, model1_geometry
 
 LOG2E = 1.4426950408889634
@@ -436,6 +436,7 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 # Measured on H200 (NOTES.md v3): per-variant tiles.
 _VARIANT_TILES = {"full": (64, 1), "dsplit": (32, 2)}  # block_t, num_stages
+_FULL_SMEM = 160 * 1024
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -517,8 +518,11 @@ def sparse_mla_decode(
     block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
     head_blocks = triton.cdiv(h, block_h)
     sms = device_sms(q)
-    # dsplit doubles the programs; worth it only while the grid is far from filling the GPU
-    variant = cfg.variant or ("dsplit" if 4 * rows * head_blocks <= sms else "full")
+    # dsplit doubles the programs; worth it only while the grid is far from filling the GPU.
+    # The full variant needs 128-196 KB of shared memory (compiled for sm_90 and sm_120 with
+    # Triton 3.9, NOTES.md v3), so 99 KB parts (sm_120, sm_89) always take dsplit (~70 KB).
+    small_smem = device_max_shared(q) < _FULL_SMEM
+    variant = cfg.variant or ("dsplit" if small_smem or 4 * rows * head_blocks <= sms else "full")
     if variant not in _VARIANT_TILES:
         raise ValueError(f"variant must be 'full' or 'dsplit', got {variant!r}")
     block_t = cfg.block_t or _VARIANT_TILES[variant][0]
