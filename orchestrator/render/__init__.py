@@ -54,7 +54,16 @@ MODE_SCRIPT = 0o755
 
 # Environment names dsv4ctl sets itself; a role's `env:` may not override them (the unit reads the
 # env file after its own settings, so a profile value would silently win over `gpus:`).
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "DSV4_KERNELS")
+# Environment that activates the bundled kernels inside SGLang 0.5.23 (kernels/dsv4_kernels/
+# sglang_hook.py): the hook's switch, plus the two SGLang settings that route sm_120 sparse decode and
+# the paged MQA logits through the Python entry points the hook replaces. Without the last two SGLang
+# never calls the patched functions.
+KERNEL_ENV = (
+    ("DSV4_KERNELS_SGLANG", "1"),
+    ("SGLANG_SM120_FLASHMLA_BACKEND", "triton"),
+    ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1"),
+)
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV))
 
 
 @dataclass(frozen=True)
@@ -217,14 +226,14 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         raise RenderError(f"{field}: empty engine command line")
     names = {k for k, _ in role.env}
     for reserved in RESERVED_ENV:
-        if reserved in names:
+        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or dep.kernels_enabled):
             raise RenderError(
                 f"{field}.env.{reserved}: dsv4ctl sets {reserved} itself "
                 f"(from {'gpus' if reserved == 'CUDA_VISIBLE_DEVICES' else 'kernels.enabled'})",
                 fix=f"remove {reserved} from {field}.env")
     env_lines = [env_file_line("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
     if dep.kernels_enabled:
-        env_lines.append(env_file_line("DSV4_KERNELS", "1", "kernels.enabled"))
+        env_lines += [env_file_line(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
     env_lines += [env_file_line(k, v, f"{field}.env.{k}") for k, v in role.env]
 
     root = dep.install_root

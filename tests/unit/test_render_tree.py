@@ -99,7 +99,7 @@ def test_unit_wiring_pd() -> None:
         assert line in dec.splitlines(), line
     assert "secrets" not in router  # the router needs no secret
     env = tree.files["env/decode.env"].content
-    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in env and 'DSV4_KERNELS="1"' in env
+    assert 'CUDA_VISIBLE_DEVICES="4,5,6,7"' in env and 'DSV4_KERNELS_SGLANG="1"' in env
 
 
 def test_user_scope_and_kernels_off() -> None:
@@ -110,7 +110,7 @@ def test_user_scope_and_kernels_off() -> None:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     data["kernels"] = {"enabled": False}
     _, _, tree = render_text(yaml.safe_dump(data))
-    assert "DSV4_KERNELS" not in tree.files["env/decode.env"].content
+    assert "DSV4_KERNELS_SGLANG" not in tree.files["env/decode.env"].content
 
 
 def test_role_env_cannot_override_gpus() -> None:

@@ -114,7 +114,7 @@ def test_systemd_runs_exactly_the_rendered_argv_and_env(tmp_path: Path) -> None:
         argv, env = captured[role.name]
         assert argv == ["serve", *engine_argv(dep, role)], role.name
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, role.gpus))
-        assert env["DSV4_KERNELS"] == "1"
+        assert env["DSV4_KERNELS_SGLANG"] == "1"
         assert env["HF_TOKEN"] == SECRET  # the 0600 secrets file reached the engine, literally
     _, env = captured["decode"]
     for i, value in enumerate(HOSTILE):
