@@ -154,10 +154,10 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None) ->
         facts = gather_facts(name, host, model_paths=[ctx.profile.model.path])
         plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)
         saved = False
-        if plan.errors:
-            from orchestrator.planner.report import render_text
+        from orchestrator.planner.report import render_text
 
-            click.echo(render_text(plan), nl=False)
+        click.echo(render_text(plan), nl=False)  # what is about to happen, as `plan` shows it
+        if plan.errors:
             raise DsvError("the plan has errors; nothing was applied",
                            fix="fix the profile; `dsv4ctl plan` shows the checks")
     _echo(f"Applying {plan.profile_name} to {name} (scope {host.scope}, root {host.install_root})")
