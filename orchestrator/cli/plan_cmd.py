@@ -93,7 +93,7 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fm
         from orchestrator.remote import gather_facts  # fabric: only when probing
 
         ctx = load_context(profile, inventory, host_override=live_host)
-        facts = gather_facts(ctx.host_name, ctx.host)
+        facts = gather_facts(ctx.host_name, ctx.host, model_paths=[ctx.profile.model.path])
     result = plan_from_paths(profile, inventory, facts=facts, host_override=live_host)
     if out is not None:
         from orchestrator.planner.build import save_plan

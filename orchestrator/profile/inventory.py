@@ -73,6 +73,11 @@ class Host(_Strict):
         default=None, description="Private key file on the controller; default: ssh agent/keys."
     )
     jump: JumpHost | None = Field(default=None, description="Optional bastion (ProxyJump).")
+    known_hosts: AbsPath | None = Field(
+        default=None,
+        description="known_hosts file on the controller; when set, unknown or changed host keys "
+        "are refused (recommended for production).",
+    )
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
     scope: Literal["system", "user"] = Field(
         default="system",

@@ -8,8 +8,9 @@ requests to ports bound on the host's loopback, tunnelled through the SSH transp
 Every failure becomes :class:`RemoteError` with what failed and a fix. Authentication failures are
 not retried (retrying cannot fix a wrong key); refused or timed-out connections are.
 
-Host keys: fabric accepts unknown host keys (paramiko ``AutoAddPolicy``, fabric 3 default) and
-does not write them to known_hosts; keys already in ``~/.ssh/known_hosts`` are enforced.
+Host keys: with the inventory's ``known_hosts`` set, only keys listed there are accepted (paramiko
+``RejectPolicy``): an unknown or changed key fails without retry. Without it fabric's default applies
+(unknown keys accepted, ``AutoAddPolicy``), which production inventories should not rely on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ RETRIES = 3  # connect attempts after the first
 BACKOFF_S = 1.0  # first wait; doubles each retry (1, 2, 4 s)
 
 # Errors that mean "the network or sshd is not there (yet)": worth a retry.
+class _UnknownHostKey(paramiko.SSHException):
+    """A host key missing from the inventory's known_hosts (never retried)."""
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """paramiko's RejectPolicy raises a bare SSHException, which we retry as transient; this one
+    raises a type of its own so an unknown key fails at once with a clear message."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownHostKey(f"{hostname} offers a {key.get_name()} key with fingerprint "
+                              f"{key.fingerprint} that is not in known_hosts")
+
+
 _TRANSIENT = (socket.timeout, TimeoutError, ConnectionError, EOFError, OSError,
               paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException)
 
@@ -83,16 +97,27 @@ class RemoteHost:
             kw.update(key_filename=key, look_for_keys=False, allow_agent=False)
         return kw
 
+    def _pin_host_keys(self, conn: Connection) -> Connection:
+        if self.host.known_hosts is not None:
+            try:
+                conn.client.load_host_keys(self.host.known_hosts)
+            except OSError as exc:
+                raise RemoteError(
+                    f"cannot read known_hosts {self.host.known_hosts} for host '{self.name}': {exc}",
+                    fix="fix the inventory's known_hosts path (ssh-keyscan can fill it)") from exc
+            conn.client.set_missing_host_key_policy(_RejectUnknown())
+        return conn
+
     def _make(self) -> Connection:
         h = self.host
         gateway = None
         if h.jump is not None:
-            gateway = Connection(h.jump.address, user=h.jump.user, port=h.jump.port,
-                                 connect_timeout=h.connect_timeout_s,
-                                 connect_kwargs=self._kwargs(h.key))
-        return Connection(h.address, user=h.user, port=h.port, gateway=gateway,
-                          connect_timeout=h.connect_timeout_s,
-                          connect_kwargs=self._kwargs(h.key))
+            gateway = self._pin_host_keys(Connection(
+                h.jump.address, user=h.jump.user, port=h.jump.port,
+                connect_timeout=h.connect_timeout_s, connect_kwargs=self._kwargs(h.key)))
+        return self._pin_host_keys(Connection(
+            h.address, user=h.user, port=h.port, gateway=gateway,
+            connect_timeout=h.connect_timeout_s, connect_kwargs=self._kwargs(h.key)))
 
     def connect(self) -> RemoteHost:
         where = f"{self.host.user}@{self.host.address}:{self.host.port}"
@@ -105,6 +130,14 @@ class RemoteHost:
                 conn.open()
                 self._conn = conn
                 return self
+            except (paramiko.BadHostKeyException, _UnknownHostKey) as exc:
+                conn.close()
+                raise RemoteError(
+                    f"host key of '{self.name}' ({where}) is not the one in "
+                    f"{self.host.known_hosts}: {exc}",
+                    fix="verify the host's key out of band, then update the known_hosts file; "
+                        "a changed key can mean the host was replaced or the connection intercepted",
+                ) from exc
             except paramiko.AuthenticationException as exc:
                 conn.close()
                 raise RemoteError(
