@@ -30,7 +30,7 @@ from orchestrator.facts import Facts
 from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
-from orchestrator.release.record import Event, ReleaseRecord, last_healthy, plan_id, stamp
+from orchestrator.release.record import Event, Qualification, ReleaseRecord, last_healthy, plan_id, stamp
 from orchestrator.release.store import MANIFEST, PLAN, ReleaseStore, release_files
 from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.lock import HostLock
@@ -470,6 +470,9 @@ def qualify(ctx: Context, step: Any) -> Outcome:
     port = ctx.deployment.router.port if ctx.deployment.router else ctx.deployment.roles[0].port
     with ctx.remote.forward(port) as local_port:
         res = run_qualification(f"http://127.0.0.1:{local_port}", ctx.deployment, cfg)
+    if ctx.record is not None:  # saved with the journal entry (or by the rollback that follows)
+        ctx.record.qualification = Qualification(passed=res.passed, reason=res.reason,
+                                                 figures=dict(res.figures))
     figures = ", ".join(f"{k}={v}" for k, v in sorted(res.figures.items()))
     if not res.passed:
         if cfg.on_fail == "keep":

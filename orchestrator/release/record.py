@@ -62,6 +62,18 @@ class Event(BaseModel):
     detail: str | None = None
 
 
+class Qualification(BaseModel):
+    """The outcome of the ``qualify`` step (issue 6): kept structured so ``dsv4ctl history`` and the
+    node-exporter textfile can show the figures per release (a regression is visible at a glance)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    reason: str = ""
+    # recall_full_tokens, load_output_tok_s, load_ttft_s_p50, chat_<check> ("pass"/"fail"), ...
+    figures: dict[str, float | int | str] = Field(default_factory=dict)
+
+
 class ReleaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +93,8 @@ class ReleaseRecord(BaseModel):
     events: list[Event] = Field(default_factory=list)
     user: str | None = None
     controller: str | None = None
+    # set by the qualify step, passed or not; absent when it did not run (and in older records)
+    qualification: Qualification | None = None
 
     def begin(self, step: str, now: datetime) -> JournalEntry:
         entry = JournalEntry(step=step, start=stamp(now))
