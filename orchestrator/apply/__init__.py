@@ -51,7 +51,24 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
         ctx.deployment, ctx.profile = plan.deployment, profile
         return Runner(out).apply(ctx)
     finally:
-        remote.close()
+        try:
+            _publish_metrics(remote, host, profile, out)
+        finally:
+            remote.close()
+
+
+def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:
+    """After an apply or rollback, whatever its outcome: dsv4ctl's own metrics for the node
+    exporter (issue 6), when ``monitoring.textfile_dir`` is set. Never raises (a warning line)."""
+    if profile is None or profile.monitoring.textfile_dir is None:
+        return
+    from orchestrator.apply.metrics import publish_textfile
+    from orchestrator.release.store import ReleaseStore
+
+    path = publish_textfile(remote, ReleaseStore(remote, host.install_root),
+                            str(profile.monitoring.textfile_dir), profile.name, out)
+    if path:
+        out(f"metrics textfile: {path}")
 
 
 def default_rollback_target(records: list[ReleaseRecord], current: str | None) -> str | None:
@@ -70,6 +87,7 @@ def rollback(host_name: str, host: Host, target: str | None, *, out: Out, comman
     from orchestrator.release.ids import is_release_id
 
     remote = _connect(host_name, host)
+    ctx: Any = None
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
                       now=Runner(out).now, command=command)
@@ -87,7 +105,26 @@ def rollback(host_name: str, host: Host, target: str | None, *, out: Out, comman
             out(f"{target} is already current; re-verifying and restarting what is not running")
         return Runner(out).rollback(ctx, target)
     finally:
-        remote.close()
+        try:
+            _publish_metrics(remote, host, _rollback_profile(ctx), out)
+        finally:
+            remote.close()
+
+
+def _rollback_profile(ctx: Any) -> Any:
+    """The profile whose monitoring settings apply after a rollback: the target's (loaded by the
+    rollback's preflight), else the release current points at. None if neither can be read."""
+    if ctx is None:
+        return None
+    if ctx.profile is not None:
+        return ctx.profile
+    from orchestrator.apply.steps import load_release
+
+    try:
+        current = ctx.store.current()
+        return load_release(ctx.store, current)[2] if current else None
+    except Exception:  # only decides whether to write metrics; never fails a rollback
+        return None
 
 
 @dataclass
@@ -100,6 +137,41 @@ class HistoryRow:
     restarted: list[str]
     events: list[str]
     failed_step: str | None
+    # {passed, reason, figures} from the qualify step; None when it did not run
+    qualification: dict[str, Any] | None = None
+
+
+def _ms(v: Any) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v * 1000:.1f}" if v < 0.1 else f"{v * 1000:.0f}"
+
+
+def qualification_line(q: dict[str, Any]) -> str:
+    """One line per release for `dsv4ctl history`: the figures a regression shows up in (recall
+    length, output tok/s, TTFT/ITL percentiles, chat behaviours); --json has every figure."""
+    f = q.get("figures") or {}
+    parts = []
+    if "recall_full_tokens" in f:
+        need = f.get("recall_required_tokens")
+        parts.append(f"recall {f['recall_full_tokens']}" + (f"/{need}" if need else "") + " tok")
+    if "load_output_tok_s" in f:
+        need = f.get("load_required_tok_s")
+        parts.append(f"{f['load_output_tok_s']:.1f} tok/s" + (f" (min {need:g})" if need else "")
+                     + (f" @c{f['load_concurrency']}" if "load_concurrency" in f else ""))
+    if "load_ttft_s_p50" in f or "load_ttft_s_p99" in f:
+        parts.append(f"TTFT p50/p99 {_ms(f.get('load_ttft_s_p50'))}/"
+                     f"{_ms(f.get('load_ttft_s_p99'))} ms")
+    if "load_itl_s_p50" in f:
+        parts.append(f"ITL p50 {_ms(f['load_itl_s_p50'])} ms")
+    chat = {k[5:]: v for k, v in f.items() if k.startswith("chat_")}
+    if chat:
+        bad = sorted(k for k, v in chat.items() if v != "pass")
+        parts.append("chat ok" if not bad else "chat FAIL " + ",".join(bad))
+    line = ("PASS" if q.get("passed") else "FAIL") + (": " + ", ".join(parts) if parts else "")
+    if not q.get("passed") and q.get("reason"):
+        line += f" -- {q['reason']}"
+    return line
 
 
 def history(host_name: str, host: Host) -> list[HistoryRow]:
@@ -115,7 +187,8 @@ def history(host_name: str, host: Host) -> list[HistoryRow]:
         rows.append(HistoryRow(
             id=r.id, created=r.created, status=r.status, reason=r.reason, current=r.id == current,
             restarted=r.restarted_roles, failed_step=failed,
-            events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events]))
+            events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events],
+            qualification=r.qualification.model_dump(mode="json") if r.qualification else None))
     return rows
 
 
@@ -128,6 +201,14 @@ class StatusReport:
     roles: list[tuple[str, bool, str]] = field(default_factory=list)  # (role, ok, message)
     file_drift: list[str] = field(default_factory=list)
     profile_drift: list[str] = field(default_factory=list)
+    deployment: str | None = None  # the current release's deployment name
+    metrics: list[Any] = field(default_factory=list)  # ReleaseMetrics from the host's records
+
+    def roles_healthy(self) -> dict[str, dict[str, bool]]:
+        """deployment -> role -> healthy just now, for ``selfmetrics.status_text``."""
+        if self.deployment is None:
+            return {}
+        return {self.deployment: {role: ok for role, ok, _ in self.roles}}
 
     @property
     def healthy(self) -> bool:
@@ -158,6 +239,7 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
 
 
 def status(host_name: str, host: Host) -> StatusReport:
+    from orchestrator.apply.metrics import release_metrics
     from orchestrator.apply.steps import load_release, role_units
     from orchestrator.health import evaluate
     from orchestrator.release.store import MANIFEST, ReleaseStore
@@ -171,10 +253,14 @@ def status(host_name: str, host: Host) -> StatusReport:
         if is_locked(remote, host.install_root):
             h = read_holder(remote, host.install_root)
             rep.locked_by = h.describe() if h else "unknown holder"
+        records = store.read_records()
+        rep.metrics = release_metrics(records, current)
         if current is None:
             return rep
-        rep.current_status = store.read_record(current).status
+        rep.current_status = next((r.status for r in records if r.id == current), None) \
+            or store.read_record(current).status
         _, dep, _ = load_release(store, current)
+        rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
         report = evaluate(remote.http, dep, svc.show(list(units.values())), {})

@@ -198,11 +198,13 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             as_json: bool) -> int:
-    """List the host's releases, oldest first: status, what restarted, rollbacks."""
+    """List the host's releases, oldest first: status, what restarted, qualification figures
+    (recall, tok/s, TTFT), rollbacks."""
     import dataclasses
     import json
 
     from orchestrator.apply import history as get_history
+    from orchestrator.apply import qualification_line
 
     name, host = resolve_host(profile_path, inventory, host_name)
     rows = get_history(name, host)
@@ -218,7 +220,11 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
         if r.restarted:
             line += f"  restarted: {', '.join(r.restarted)}"
         _echo(line)
-        if r.failed_step:
+        if r.qualification is not None:
+            _echo(f"      qualify {qualification_line(r.qualification)}")
+        if r.failed_step and r.qualification is not None and r.failed_step.startswith("qualify:"):
+            _echo("      failed at qualify (why: the qualify line above)")
+        elif r.failed_step:
             _echo(f"      failed at {r.failed_step}")
         for e in r.events:
             _echo(f"      {e}")
@@ -231,15 +237,36 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
               default=None, help="Profile whose host to use (instead of --host).")
 @_inventory_opt
 @_host_opt
-def status(profile_path: Path | None, inventory: Path | None, host_name: str | None) -> int:
+@click.option("--format", "fmt", type=click.Choice(["text", "prometheus", "json"]),
+              default="text", show_default=True,
+              help="prometheus: dsv4ctl's own metrics (the node-exporter textfile's, plus "
+                   "dsv4ctl_role_healthy per role right now).")
+def status(profile_path: Path | None, inventory: Path | None, host_name: str | None,
+           fmt: str) -> int:
     """Current release, each role's health, and drift (files vs manifest, profile vs engine).
 
-    Exit 0 when every role is healthy and nothing drifted, 1 otherwise.
+    Exit 0 when every role is healthy and nothing drifted, 1 otherwise (in every format).
     """
     from orchestrator.apply import status as get_status
 
     name, host = resolve_host(profile_path, inventory, host_name)
     rep = get_status(name, host)
+    code = 0 if rep.healthy and not rep.file_drift and not rep.profile_drift else 1
+    if fmt == "prometheus":
+        from orchestrator.monitoring.selfmetrics import status_text
+
+        click.echo(status_text(rep.metrics, rep.roles_healthy()), nl=False)
+        return code
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps({
+            "host": rep.host, "deployment": rep.deployment, "current": rep.current,
+            "current_status": rep.current_status, "locked_by": rep.locked_by,
+            "healthy": rep.healthy,
+            "roles": [{"role": r, "ok": ok, "message": m} for r, ok, m in rep.roles],
+            "file_drift": rep.file_drift, "profile_drift": rep.profile_drift}, indent=2))
+        return code
     _echo(f"host {name}: current release {rep.current or 'none'}"
           + (f" ({rep.current_status})" if rep.current_status else ""))
     if rep.locked_by:
@@ -252,7 +279,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
         _echo(f"  drift (engine): {d}")
     if not rep.file_drift and not rep.profile_drift and rep.current:
         _echo("  no drift")
-    return 0 if rep.healthy and not rep.file_drift and not rep.profile_drift else 1
+    return code
 
 
 @click.command()
