@@ -357,6 +357,12 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
     ctx.remote.check(f"{py} -m pip install --no-deps --no-build-isolation --quiet "
                      f"{shlex.quote(dest + '/kernels')}", timeout=600,
                      what="installing the kernels into the engine env")
+    # The .pth activation hook (kernels/dsv4_kernels/sglang_hook.py). The rendered units route
+    # SGLang's sm_120 decode and indexer through the Python entry points this hook replaces; without
+    # it they would run SGLang's slow stock fallbacks, so a refusal (e.g. another SGLang version)
+    # fails the step before anything is switched.
+    ctx.remote.check(f"{py} -m dsv4_kernels.sglang_hook install", timeout=120,
+                     what="installing the SGLang activation hook of the kernels")
     if not ctx.deployment.kernels_selftest:
         return Outcome(detail=f"installed {digest}; self-test disabled (kernels.selftest: false)")
     res = ctx.remote.run(f"{py} -m dsv4_kernels.selftest", timeout=1800)

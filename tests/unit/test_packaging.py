@@ -28,6 +28,8 @@ def test_wheel_carries_its_data_and_plans_from_anywhere(tmp_path: Path) -> None:
         "for d in ('profiles', 'templates', 'playbooks'):\n"
         "    assert str(data_dir(d)).startswith(sys.argv[1]), data_dir(d)\n"
         "load_playbook('apply'); load_playbook('rollback')\n"
+        "from orchestrator.apply.steps import kernels_source\n"
+        "assert str(kernels_source()).startswith(sys.argv[1]), kernels_source()\n"
         "from orchestrator.cli import main\n"
         "sys.exit(main(['plan']))\n"
     )

@@ -26,6 +26,8 @@ from tests.unit.test_release import LocalShell
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
   *"-m pip install"*) echo "$*" >> "$(dirname "$0")/../pip.log"; exit 0;;
+  *"-m dsv4_kernels.sglang_hook install"*) d="$(dirname "$0")/.."; echo "$*" >> "$d/hook.log"
+                                           [ -f "$d/hook.rc" ] && exit "$(cat "$d/hook.rc")"; exit 0;;
   *"-m dsv4_kernels.selftest"*) d="$(dirname "$0")/.."; cat "$d/selftest.out"
                                 exit "$(cat "$d/selftest.rc")";;
 esac
@@ -69,7 +71,15 @@ def test_kernels_installed_and_selftest_passes(tmp_path: Path) -> None:
     assert json.loads((pkg / "selftest.json").read_text())["passed"] is True
     pip = (tmp_path / "env" / "pip.log").read_text()
     assert "--no-deps --no-build-isolation" in pip and str(pkg / "kernels") in pip
+    assert "sglang_hook install" in (tmp_path / "env" / "hook.log").read_text()
     assert kernels_source().name == "kernels"
+
+
+def test_kernels_hook_refusal_fails_the_step(tmp_path: Path) -> None:
+    (tmp_path / "env").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "env" / "hook.rc").write_text("1")
+    with pytest.raises(Exception, match="activation hook"):
+        outcome(tmp_path, 0, {"passed": True})
 
 
 def test_kernels_selftest_mismatch_fails_the_step(tmp_path: Path) -> None:
