@@ -125,7 +125,9 @@ def _print_result(res: Any) -> None:
 @click.argument("source", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @_inventory_opt
 @_host_opt
-def apply(source: Path | None, inventory: Path | None, host_name: str | None) -> int:
+@click.option("-y", "--yes", is_flag=True,
+              help="Do not ask for confirmation (asked only when stdin is a terminal).")
+def apply(source: Path | None, inventory: Path | None, host_name: str | None, yes: bool) -> int:
     """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
 
     \b
@@ -160,6 +162,11 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None) ->
         if plan.errors:
             raise DsvError("the plan has errors; nothing was applied",
                            fix="fix the profile; `dsv4ctl plan` shows the checks")
+    if plan.actions and not yes and sys.stdin.isatty():
+        restarts = f"; restarts {', '.join(plan.restarts)} (model reload)" if plan.restarts else ""
+        if not click.confirm(f"Apply {plan.profile_name} to host '{name}'{restarts}?", default=False):
+            raise DsvError("apply cancelled at the prompt; nothing was changed",
+                           fix="answer y, or pass --yes in scripts")
     _echo(f"Applying {plan.profile_name} to {name} (scope {host.scope}, root {host.install_root})")
     res = apply_plan(plan, name, host, out=_echo, command=_command_line(), saved=saved)
     _print_result(res)
