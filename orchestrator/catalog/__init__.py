@@ -343,11 +343,6 @@ def load_catalog() -> Catalog:
 # ------------------------------------------------------------------------------- functions
 
 
-def _resolve(model: ModelVariant | str) -> tuple[Catalog, ModelVariant]:
-    cat = load_catalog()
-    return cat, (cat.model(model) if isinstance(model, str) else model)
-
-
 def weight_bytes_total(
     model: ModelVariant | str,
     expert_storage: str = "native",
@@ -355,8 +350,7 @@ def weight_bytes_total(
     include_dspark: bool = False,
 ) -> int:
     """Bytes of one full copy of the weights (all ranks together) for the chosen modules."""
-    cat, variant = _resolve(model)
-    return _weights.weight_bytes_total(cat, variant, expert_storage, include_mtp, include_dspark)
+    return load_catalog().weight_bytes_total(model, expert_storage, include_mtp, include_dspark)
 
 
 def weight_bytes_per_rank(
@@ -376,14 +370,12 @@ def weight_bytes_per_rank(
     ``engine`` + ``gpu_arch`` (e.g. ``cat.engine("sglang", "0.5.23")``, ``"sm_120"``) apply the
     engine's load-time dtype changes; without them the bytes are the checkpoint's storage.
     """
-    cat, variant = _resolve(model)
-    return _weights.weight_bytes_per_rank(
-        cat, variant, expert_storage, tp, ep, attn_dp, include_mtp, include_dspark, engine, gpu_arch
-    )
+    return load_catalog().weight_bytes_per_rank(
+        model, expert_storage, tp, ep, attn_dp, include_mtp, include_dspark,
+        engine=engine, gpu_arch=gpu_arch)
 
 
 def checkpoint_bytes(model: ModelVariant | str) -> int:
     """Best-known size on disk of the variant's checkpoint (see its ``checkpoint_bytes`` fact for
     source and confidence)."""
-    _, variant = _resolve(model)
-    return variant.checkpoint_bytes.value
+    return load_catalog().checkpoint_bytes(model)
