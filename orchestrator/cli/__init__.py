@@ -59,13 +59,7 @@ def cli() -> None:
 
 def _register_all() -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that command family is not part of this build
-                continue
-            raise
-        module.register(cli)
+        importlib.import_module(name).register(cli)
 
 
 _register_all()
