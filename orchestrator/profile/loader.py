@@ -209,6 +209,17 @@ def _subschema(model: type[BaseModel], path: Iterable[int | str]) -> dict[str, A
     return merged
 
 
+_EXPECTED = (
+    ("int", "a whole number, e.g. 4"),
+    ("float", "a number, e.g. 0.85"),
+    ("bool", "true or false"),
+    ("string", "a text value (quote it if it looks like a number)"),
+    ("list", "a list, e.g. [0, 1, 2, 3]"),
+    ("dict", "a mapping of keys to values"),
+    ("model", "a mapping of keys to values"),
+)
+
+
 def _hint(model: type[BaseModel], err: dict[str, Any], yaml_path: list) -> tuple[str, str | None]:
     """Reason and fix for one pydantic error."""
     kind = err["type"]
@@ -250,7 +261,9 @@ def _hint(model: type[BaseModel], err: dict[str, Any], yaml_path: list) -> tuple
     if kind.endswith("_type") or kind.endswith("_parsing"):
         sub = _subschema(model, loc) or {}
         desc = sub.get("description")
-        return msg, desc or "give a value of the expected type"
+        want = next((text for prefix, text in _EXPECTED if kind.startswith(prefix)),
+                    "a value of the expected type")
+        return msg, f"write {want}" + (f" ({desc})" if desc else "")
     if kind == "value_error":
         return msg.removeprefix("Value error, "), None
     return msg, None

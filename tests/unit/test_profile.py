@@ -52,7 +52,7 @@ def test_wrong_type_names_path_line_value_and_fix() -> None:
     assert p.file == "p.yaml"
     line = next(i for i, ln in enumerate(text.splitlines(), 1) if "tp: four" in ln)
     assert p.line == line
-    assert p.fix  # the field description tells what tp is
+    assert p.fix is not None and "whole number" in p.fix and "Tensor-parallel" in p.fix
     rendered = err.render()
     assert f"p.yaml:{line}" in rendered and "topology.decode.tp" in rendered
 
