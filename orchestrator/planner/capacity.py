@@ -140,7 +140,7 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
                 f"{gib(gpu.total_bytes)} allows {gib(static_budget)}"
                 + (f" ({need:.0%} of the GPU)" if need < 1 else " (more than the whole GPU)"),
                 "spread the role over more GPUs (higher tp/ep), store experts in a smaller format "
-                "(expert_storage: native fp4), or drop the PD split",
+                "(expert_storage: native keeps the checkpoint's fp4), or drop the PD split",
                 subject=role.name, weights_bytes=wb.total_bytes, budget_bytes=static_budget))
             caps.append(_cap(role, gpu, mfs, wb, None, notes))
             for g in role.gpus:

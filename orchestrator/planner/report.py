@@ -85,6 +85,9 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
         lines.append("KV cache per role:")
         rows = []
         for c in plan.capacity:
+            if not c.bytes_per_token:  # not sized: an error check says why
+                rows.append([c.role, "-", "-", f"{c.attn_dp}", "-", "-", f"{c.mem_fraction_static:.2f}"])
+                continue
             rows.append([c.role, f"{c.bytes_per_token:,.0f} B", f"{c.max_total_tokens_per_rank:,}",
                          f"{c.attn_dp}", f"{c.token_capacity:,}", f"{c.max_running_requests}",
                          f"{c.mem_fraction_static:.2f}"])
