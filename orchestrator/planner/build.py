@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import __version__
-from orchestrator.catalog import Catalog, UnknownCatalogEntry, load_catalog
-from orchestrator.catalog.errors import CatalogError
+from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
 from orchestrator.deployment import Deployment, resolve
-from orchestrator.errors import DsvError, InputError, Problem, ProfileError
+from orchestrator.errors import InputError, Problem, ProfileError
 from orchestrator.facts import Facts, declared_facts
 from orchestrator.paths import default_profile
 from orchestrator.planner import capacity, rules
@@ -81,9 +80,10 @@ def load_context(profile_path: Path | None, inventory_path: Path | None, *,
     return PlanContext(profile, path, text, name, host, inv_path)
 
 
-def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[object, object]:
+def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[EngineRules, ModelVariant]:
     problems = []
-    engine = model = None
+    engine: EngineRules | None = None
+    model: ModelVariant | None = None
     try:
         engine = cat.engine(profile.engine.name, profile.engine.version)
     except UnknownCatalogEntry as exc:
@@ -95,7 +95,7 @@ def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[obj
     except UnknownCatalogEntry as exc:
         problems.append(Problem("model.variant", str(exc), value=repr(profile.model.variant),
                                 file=ctx_path, fix="use a variant id from `dsv4ctl catalog models`"))
-    if problems:
+    if problems or engine is None or model is None:
         raise InputError(kind=ctx_path, problems=problems)
     return engine, model
 
@@ -103,7 +103,7 @@ def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[obj
 def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
     cat = cat or load_catalog()
     _, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
-    config = cat.config_of(model)  # type: ignore[arg-type]
+    config = cat.config_of(model)
     return resolve(ctx.profile, ctx.host_name, ctx.host,
                    default_index_topk=config.index_topk.value,
                    max_context_length=config.max_position_embeddings.value)
@@ -117,7 +117,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     facts = facts or declared_facts(ctx.host_name, ctx.host)
     engine, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
     dep = resolve_deployment(ctx, cat)
-    config = cat.config_of(model)  # type: ignore[arg-type]
+    config = cat.config_of(model)
 
     checks: list[Check] = []
     checks += topology_checks(dep, facts, config.num_attention_heads.value)
@@ -126,10 +126,10 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     role_caps, gpu_rows, cap_checks = [], [], []
     if gpu is not None and not any(c.severity == "error" for c in checks):
         role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
-            cat, engine, model, dep, ctx.profile, gpu, facts)  # type: ignore[arg-type]
+            cat, engine, model, dep, ctx.profile, gpu, facts)
     checks += cap_checks
-    checks += rules.engine_checks(cat, engine, model, dep, ctx.profile, gpu, ctx.host)  # type: ignore[arg-type]
-    disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),  # type: ignore[arg-type]
+    checks += rules.engine_checks(cat, engine, model, dep, ctx.profile, gpu, ctx.host)
+    disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),
                                    dep.model_variant)
     checks += disk_checks
     checks = apply_acknowledgements(
@@ -167,8 +167,8 @@ def diff_actions(files: list[PlannedFile], facts: Facts, dep: Deployment) -> tup
     """Actions against the host's current release: created, changed, removed files; restarted roles.
 
     With declared facts the current release is unknown, so the plan is relative to an empty host.
-    A role whose inputs changed restarts (a model reload: downtime); on a host with no release the
-    roles start instead.
+    A role whose inputs changed restarts (a model reload: downtime); a role whose unit the current
+    release does not have starts, and a unit the new release no longer has stops.
     """
     current = facts.current_files
     actions: list[Action] = []
@@ -187,20 +187,24 @@ def diff_actions(files: list[PlannedFile], facts: Facts, dep: Deployment) -> tup
         else:
             continue
         touched.update(f.roles)
+    stopped: list[Action] = []
     for path in sorted(set(current) - new_paths - _META_FILES):
         actions.append(Action(kind="remove", target=path))
-        touched.update(_roles_of_path(path, dep))
+        if path.startswith("units/"):
+            # a unit that is no longer rendered belongs to a role this profile dropped
+            stopped.append(Action(kind="stop", target=path.removeprefix("units/")))
     order = [r.name for r in dep.roles] + (["router"] if dep.router else [])
-    changed_roles = [r for r in order if r in touched]
+    lifecycle: list[Action] = []
     restarts: list[str] = []
-    if facts.current_release is None:
-        actions += [Action(kind="start", target=_unit(dep, r)) for r in changed_roles]
-    else:
-        restarts = changed_roles
-        actions += [Action(kind="restart", target=_unit(dep, r), detail="model reload")
-                    if r != "router" else Action(kind="restart", target=_unit(dep, r))
-                    for r in changed_roles]
-    return actions, restarts
+    for role in (r for r in order if r in touched):
+        unit = _unit(dep, role)
+        if f"units/{unit}" not in current:  # a new role (or a host without a release): it starts
+            lifecycle.append(Action(kind="start", target=unit))
+        else:
+            restarts.append(role)
+            lifecycle.append(Action(kind="restart", target=unit,
+                                    detail="" if role == "router" else "model reload"))
+    return actions + stopped + lifecycle, restarts
 
 
 def _unit(dep: Deployment, role: str) -> str:
@@ -209,18 +213,10 @@ def _unit(dep: Deployment, role: str) -> str:
     return dep.role(role).unit
 
 
-def _roles_of_path(path: str, dep: Deployment) -> set[str]:
-    names = [r.name for r in dep.roles] + ["router"]
-    return {n for n in names if f"-{n}." in path or f"launch-{n}" in path or f"/{n}." in path}
-
-
 def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,
                     facts: Facts | None = None, host_override: str | None = None) -> Plan:
     ctx = load_context(profile_path, inventory_path, host_override=host_override)
-    try:
-        return build_plan(ctx, facts)
-    except CatalogError as exc:
-        raise DsvError(str(exc), fix=getattr(exc, "fix", None)) from None
+    return build_plan(ctx, facts)  # catalog errors are DsvErrors already
 
 
 def save_plan(plan: Plan, path: Path) -> None:

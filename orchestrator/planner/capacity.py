@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.catalog import Catalog, EngineRules, Gpu, ModelVariant, UnknownCatalogEntry
+from orchestrator.catalog import (
+    Catalog,
+    EngineRules,
+    Gpu,
+    ModelVariant,
+    UnknownCatalogEntry,
+    WeightBreakdown,
+)
 from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.facts import Facts
@@ -176,14 +183,14 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
     return caps, [rows[i] for i in sorted(rows)], checks
 
 
-def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: object, sizing: PoolSizing | None,
+def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, sizing: PoolSizing | None,
          notes: list[str]) -> RoleCapacity:
-    groups = [WeightGroup(name=g.id, bytes=g.bytes_per_rank) for g in wb.groups]  # type: ignore[attr-defined]
+    groups = [WeightGroup(name=g.id, bytes=g.bytes_per_rank) for g in wb.groups]
     tokens = sizing.max_total_num_tokens if sizing else 0
     return RoleCapacity(
         role=role.name, gpu_model=gpu.spec.id, gpu_total_bytes=gpu.total_bytes, tp=role.tp,
         ep=role.ep, attn_dp=role.attn_dp, mem_fraction_static=mfs, weights_per_rank=groups,
-        weights_per_rank_bytes=wb.total_bytes,  # type: ignore[attr-defined]
+        weights_per_rank_bytes=wb.total_bytes,
         static_budget_bytes=int(gpu.total_bytes * mfs),
         headroom_bytes=sizing.headroom_bytes if sizing else 0,
         kv_pool_bytes_per_rank=sizing.pool_bytes.total if sizing and sizing.pool_bytes else 0,

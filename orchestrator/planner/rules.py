@@ -8,7 +8,7 @@ upstream links) and the pinned flag table; nothing is hard-coded for one engine 
 from __future__ import annotations
 
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
-from orchestrator.catalog.flags import UnknownFlagTableError, load_flag_table
+from orchestrator.catalog.flags import FlagTable, UnknownFlagTableError, load_flag_table
 from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError
 from orchestrator.planner.capacity import HostGpu
@@ -180,7 +180,7 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     except UnknownFlagTableError as exc:
         return [check("engine.flag-table", "error", "no flag table for this engine version",
                       exc.message, exc.fix, subject="engine.version")]
-    lines: list[tuple[str, list[str], object]] = []
+    lines: list[tuple[str, list[str], FlagTable]] = []
     try:
         lines += [(r.name, engine_argv(dep, r), table) for r in dep.roles]
         if dep.router is not None:
@@ -194,7 +194,7 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
         return [check("engine.render", "error", "command line cannot be rendered", exc.message,
                       exc.fix, subject="engine")]
     for role, argv, tbl in lines:
-        for p in tbl.check(argv):  # type: ignore[attr-defined]
+        for p in tbl.check(argv):
             sev = "error" if p.severity == "error" else "warning"
             out.append(check(f"engine.flag-{p.kind.replace('_', '-')}", sev,
                              "command line flag problem", f"role {role}: {p.message}", p.fix,

@@ -263,3 +263,23 @@ def test_plan_path_imports_no_torch_triton_or_fabric() -> None:
             "('torch', 'triton', 'fabric', 'paramiko', 'invoke')); print(rc, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_topology_switch_stops_dropped_roles_and_starts_new_ones(tmp_path: Path) -> None:
+    pd = build_plan(load_context(PROFILES_DIR / "default.yaml", None))
+    current = {f.path: f.sha256 for f in pd.files if f.sha256}
+    prof = yaml.safe_load((PROFILES_DIR / "mxfp4-tp8.yaml").read_text())
+    prof["name"] = "default"  # same deployment, now colocated
+    ctx = load_context(_write(tmp_path, prof), None)
+    facts = Facts(source="probed", host="gpu-host",
+                  gpus=[GpuFact(index=i, name="rtx-pro-6000-se") for i in range(8)],
+                  disks=[DiskFact(path="/models", size_bytes=4 * 10**12, free_bytes=2 * 10**12)],
+                  current_release="r0001", current_files=current)
+    plan = build_plan(ctx, facts)
+    lifecycle = [(a.kind, a.target) for a in plan.actions if a.kind in ("start", "stop", "restart")]
+    assert lifecycle == [("stop", "dsv4-default-decode.service"),
+                         ("stop", "dsv4-default-prefill.service"),
+                         ("stop", "dsv4-default-router.service"),
+                         ("start", "dsv4-default-engine.service")]
+    assert plan.restarts == []
+    assert ("remove", "units/dsv4-default-router.service") in [(a.kind, a.target) for a in plan.actions]
