@@ -6,19 +6,41 @@ gathers and multiplies every page up to the *maximum* context each step, and its
 whatever the real length. Here all work and traffic follow each row's real length:
 
 * ``indexer_logits``: grid ``(rows, splits)`` fixed by static values; each program walks its
-  share of the row's key blocks ``[0, len)`` (length read on the device), computing
+  share of the row's key blocks ``[0, len)`` (length read on the device; interleaved blocks by
+  default, one contiguous run with ``contiguous=True``), computing
   ``scale[n] * sum_h w[h] * relu(q_h . k_n)`` with an FP8 ``tl.dot`` (keys as M so that
   Hopper can use wgmma). Nothing past ``len`` is touched unless ``clean=True`` (the SGLang
-  drop-in contract, which fills ``-inf`` there).
-* ``indexer_topk``: rows with ``len <= k`` emit ``0..len-1`` and -1; longer rows run a
-  4-pass 8-bit radix select over the first ``len`` logits (monotone uint32 keys,
-  ``tl.histogram``), each row split over several programs whose histograms meet in a small
-  global buffer (atomics), then a count pass and a compaction pass that keeps every key above
-  the threshold and the first ones equal to it in index order (deterministic tie-break). The
-  page-table transform to physical slots (``page_table[b, i // ps] * ps + i % ps``, FlashMLA's
-  ``extra_indices``) is fused into the compaction.
+  drop-in contract, which fills ``-inf`` there). ``num_warps``, ``num_stages``, ``block_n``,
+  ``nsplit`` and ``contiguous`` are sweepable (``python -m dsv4_kernels.indexer_sweep``).
+* ``indexer_topk``: rows with ``len <= k`` emit ``0..len-1`` and -1; longer rows select the
+  exact top ``k`` (ties at the threshold taken in position order, output in ascending position
+  order) with the page-table transform to physical slots (``page_table[b, i // ps] * ps +
+  i % ps``, FlashMLA's ``extra_indices``) fused into the write. Two implementations give
+  bit-identical output:
 
-Both are capture-safe: fixed grids, lengths on the device, no host synchronisation.
+  - ``radix1`` (default for batches that fill >= 1/4 of the SMs): **one launch, one program
+    per row**. The earlier version (``radix6``) spent ~116 µs at B=64 / 128K in six launches
+    of ~19 µs each that read only 8 MB of L2-resident logits: latency and launches, not
+    bytes. radix1 reads the row twice and then works on a short list: (A) a histogram of a
+    *windowed* digit ``clamp((key >> (23 - mant_bits)) - base, 0, 2^hist_bits - 1)`` of the
+    monotone uint32 key (sign, exponent and the top ``mant_bits`` mantissa bits), with
+    ``base`` set so that the maximum of a strided 2048-key sample sits two exponents below the
+    top bin: the threshold bin then holds ~1-5% of a 32K row, where a plain top-8-bit digit
+    (factor-4 bins) holds ~15%; (B) a compaction, in position order, of every key whose
+    digit is at or above the threshold bin into a per-row scratch list (positions only; keys
+    are re-gathered from L1/L2). The digit is monotone, so the list holds the whole top
+    ``k`` and every tie of the threshold value. The exact 8-bit radix select (stopping as soon
+    as the threshold bin holds exactly the keys still needed) and the write then run on that
+    list. Rows up to ``direct`` keys, or whose list would exceed ``cap`` (heavy ties,
+    distributions far from the sample), run the same radix select on the row itself: slower,
+    never wrong. Histograms need no mask: masked or non-matching keys go to bin 0 and are
+    subtracted afterwards (their number is known).
+  - ``radix6``: each row split over ``nprog`` programs, four 8-bit radix passes whose
+    histograms meet in a global buffer (atomics), a count pass and a compaction pass; kept
+    for small batches (more programs per row) and for side-by-side timing.
+
+Both are capture-safe: fixed grids from static values, lengths read on the device, scratch
+buffers allocated per call (no host synchronisation).
 """
 
 from __future__ import annotations
@@ -37,7 +59,7 @@ def _logits_kernel(
     kv_u8, kv_f32, page_size, page_bytes,
     pt_ptr, stride_pt, len_ptr, out_ptr, stride_or, max_len, H,
     NSPLIT: tl.constexpr, BN: tl.constexpr, HP: tl.constexpr, CLEAN: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, CONTIG: tl.constexpr,
 ):
     r = tl.program_id(0)
     sp = tl.program_id(1)
@@ -56,7 +78,16 @@ def _logits_kernel(
     pt_row = pt_ptr + r.to(tl.int64) * stride_pt
     o_row = out_ptr + r.to(tl.int64) * stride_or
     nblk = tl.cdiv(n, BN)
-    for j in range(sp, nblk, NSPLIT):
+    if CONTIG:  # this program's blocks are one contiguous run [lo, hi)
+        per = tl.cdiv(nblk, NSPLIT)
+        j_lo = sp * per
+        j_hi = tl.minimum(j_lo + per, nblk)
+        j_step = 1
+    else:  # blocks sp, sp + NSPLIT, ... (interleaved over the row)
+        j_lo = sp
+        j_hi = nblk
+        j_step = NSPLIT
+    for j in range(j_lo, j_hi, j_step):
         pos = j * BN + tl.arange(0, BN)
         pm = pos < n
         lp = pos // page_size
@@ -227,6 +258,183 @@ def _topk_write_kernel(
             cnt_eq += tl.sum(eq_i, 0)
 
 
+# ---------------------------------------------------------------------------------------------
+# One-launch top-k ("radix1"): one program per row, the whole select inside it.
+
+
+@triton.jit
+def _select_bin(hist, k_rem, NB: tl.constexpr):
+    """Largest bin b with count(bins >= b) >= k_rem.
+
+    Returns (b, k_rem minus the count above b, count of b)."""
+    bins = tl.arange(0, NB)
+    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys in bins >= b
+    sel = tl.max(tl.where(suffix >= k_rem, bins, -1), 0)
+    above = tl.sum(tl.where(bins > sel, hist, 0), 0)
+    cnt = tl.sum(tl.where(bins == sel, hist, 0), 0)
+    return sel, k_rem - above, cnt
+
+
+@triton.jit
+def _source(l_row, s_pos, start, hi, hi_ld, LIST: tl.constexpr, CH: tl.constexpr):
+    """Chunk ``[start, start + CH)`` of the row (``LIST=False``: position = index) or of the row's
+    candidate list (``LIST=True``: positions from the scratch list, keys gathered from the
+    logits, which are L1/L2-resident by then). Returns (monotone keys, positions, valid).
+
+    Entries ``< hi`` are valid; loads run to ``hi_ld`` (``hi`` rounded up to 4 within the
+    buffer), so that their mask is constant over 4 lanes and they vectorise."""
+    offs = start + tl.arange(0, CH)
+    m = offs < hi
+    if LIST:
+        pos = tl.load(s_pos + offs, mask=offs < hi_ld, other=0)
+        key = _monotone_key(tl.load(l_row + pos, mask=m, other=float("-inf")))
+    else:
+        pos = offs
+        key = _monotone_key(tl.load(l_row + offs, mask=offs < hi_ld, other=float("-inf")))
+    return key, pos, m
+
+
+@triton.jit
+def _round4(n, limit):
+    return tl.minimum((n + 3) // 4 * 4, limit)
+
+
+@triton.jit
+def _radix_select(l_row, s_pos, count, limit, K, LIST: tl.constexpr, CH: tl.constexpr):
+    """Exact threshold of the top ``K`` among ``count`` source keys: up to four 8-bit passes, most
+    significant first, stopping as soon as the threshold bin holds exactly the keys still
+    needed. Returns ``(prefix, shift, k_rem)``: the top ``32 - shift`` key bits of the threshold,
+    and how many keys whose top bits equal ``prefix`` to take (all those above are taken).
+
+    Keys that are masked or do not match the prefix are counted into bin 0 and subtracted
+    afterwards (their number is known), so the histogram needs no mask and no spare bin."""
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros([], tl.uint32)
+    k_rem = tl.zeros([], tl.int32) + K
+    shift = tl.full([], 24, tl.int32)
+    n_match = count
+    live = count > K
+    n_proc = tl.cdiv(count, CH) * CH
+    count_ld = _round4(count, limit)
+    for p in tl.static_range(4):
+        SH = 24 - 8 * p
+        if live:
+            hist = tl.zeros([256], tl.int32)
+            for start in range(0, count, CH):
+                key, _pos, m = _source(l_row, s_pos, start, count, count_ld, LIST, CH)
+                if p == 0:  # noqa: SIM108 (static branch: no 32-bit shift is built)
+                    match = m
+                else:
+                    match = m & ((key >> (SH + 8)) == prefix)
+                digit = tl.where(match, (key >> SH) & 255, 0).to(tl.int32)
+                hist += tl.histogram(digit, 256)
+            hist = tl.where(bins == 0, hist - (n_proc - n_match), hist)
+            sel, k_rem, n_match = _select_bin(hist, k_rem, 256)
+            prefix = (prefix << 8) | sel.to(tl.uint32)
+            shift = tl.full([], SH, tl.int32)
+            live = n_match != k_rem
+    return prefix, shift, k_rem
+
+
+@triton.jit
+def _write_selected(l_row, s_pos, count, limit, prefix, shift, k_rem, pt_row, page_size,
+                    o_row, raw_row, WRITE_RAW: tl.constexpr, LIST: tl.constexpr, CH: tl.constexpr):
+    """Compact the selected source entries, in source (= position) order, into the outputs:
+    top bits above ``prefix``, and the first ``k_rem`` equal to it."""
+    sh = shift.to(tl.uint32)
+    cnt_sel = tl.zeros([], tl.int32)
+    cnt_eq = tl.zeros([], tl.int32)
+    count_ld = _round4(count, limit)
+    for start in range(0, count, CH):
+        key, pos, m = _source(l_row, s_pos, start, count, count_ld, LIST, CH)
+        top = key >> sh
+        gt = m & (top > prefix)
+        eq = m & (top == prefix)
+        eq_i = eq.to(tl.int32)
+        eq_rank = cnt_eq + tl.cumsum(eq_i, 0) - eq_i
+        take = gt | (eq & (eq_rank < k_rem))
+        take_i = take.to(tl.int32)
+        dst = cnt_sel + tl.cumsum(take_i, 0) - take_i
+        slot = _slot_of(pt_row, pos, take, page_size)
+        tl.store(o_row + dst, slot, mask=take)
+        if WRITE_RAW:
+            tl.store(raw_row + dst, pos, mask=take)
+        cnt_sel += tl.sum(take_i, 0)
+        cnt_eq += tl.sum(eq_i, 0)
+
+
+@triton.jit
+def _topk_row_kernel(
+    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, scratch_ptr,
+    out_ptr, stride_or, raw_ptr, stride_rr, max_len,
+    K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CAP: tl.constexpr,
+    DIRECT: tl.constexpr, NB: tl.constexpr, MSH: tl.constexpr, ANCHOR: tl.constexpr,
+    WRITE_RAW: tl.constexpr,
+):
+    """Whole top-k of one row in one program (see the module docstring).
+
+    Rows longer than ``DIRECT``: pass A histograms a windowed digit of each key
+    (``clamp((key >> MSH) - base, 0, NB - 1)``, ``base`` placed so that the largest of a strided
+    sample of the row lands in bin ``ANCHOR``); pass B copies every key whose digit is at or above
+    the threshold bin (a superset of the top ``K`` holding all ties at the threshold, in position
+    order) into the row's scratch list, when it fits in ``CAP`` entries. The exact radix select
+    and the output then run on that short list. Otherwise they run on the row itself."""
+    r = tl.program_id(0)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
+    o_row = out_ptr + r.to(tl.int64) * stride_or
+    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    if n <= K:
+        pos = tl.arange(0, KP)
+        keep = pos < n
+        slot = _slot_of(pt_row, pos, keep, page_size)
+        tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
+        if WRITE_RAW:
+            tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
+    else:
+        l_row = logit_ptr + r.to(tl.int64) * stride_lr
+        s_pos = scratch_ptr + r.to(tl.int64) * CAP
+        count = n
+        use_list = n < 0  # False, as a device value
+        if n > DIRECT:
+            # pass A: windowed histogram, anchored on a strided sample's maximum
+            smp = (tl.arange(0, CH).to(tl.int64) * n // CH).to(tl.int32)
+            anchor = tl.max(_monotone_key(tl.load(l_row + smp)), 0)
+            base = (anchor >> MSH).to(tl.int32) - ANCHOR
+            hist = tl.zeros([NB], tl.int32)
+            n_ld = _round4(n, max_len)
+            for start in range(0, n, CH):
+                key, _pos, m = _source(l_row, s_pos, start, n, n_ld, False, CH)
+                d = tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
+                hist += tl.histogram(tl.where(m, d, 0), NB)
+            bins = tl.arange(0, NB)
+            hist = tl.where(bins == 0, hist - (tl.cdiv(n, CH) * CH - n), hist)
+            sel, k_rem, n_sel = _select_bin(hist, K, NB)
+            n_list = K - k_rem + n_sel
+            if n_list <= CAP:
+                # pass B: the candidate list (digit >= sel), in position order
+                at = tl.zeros([], tl.int32)
+                for start in range(0, n, CH):
+                    key, pos, m = _source(l_row, s_pos, start, n, n_ld, False, CH)
+                    d = tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
+                    keep = m & (d >= sel)
+                    keep_i = keep.to(tl.int32)
+                    dst = at + tl.cumsum(keep_i, 0) - keep_i
+                    tl.store(s_pos + dst, pos, mask=keep)
+                    at += tl.sum(keep_i, 0)
+                count = n_list
+                use_list = n_list >= 0  # True
+                tl.debug_barrier()  # the list is written and read by different threads
+        if use_list:
+            prefix, shift, k_rem = _radix_select(l_row, s_pos, count, CAP, K, True, CH)
+            _write_selected(l_row, s_pos, count, CAP, prefix, shift, k_rem, pt_row,
+                            page_size, o_row, raw_row, WRITE_RAW, True, CH)
+        else:
+            prefix, shift, k_rem = _radix_select(l_row, s_pos, count, max_len, K, False, CH)
+            _write_selected(l_row, s_pos, count, max_len, prefix, shift, k_rem, pt_row,
+                            page_size, o_row, raw_row, WRITE_RAW, False, CH)
+
+
 def _rows_lens(seq_lens: torch.Tensor, rows: int) -> torch.Tensor:
     if seq_lens.dim() == 2:
         seq_lens = seq_lens[:, 0]
@@ -250,11 +458,17 @@ def indexer_logits(
     clean: bool = False,
     nsplit: int | None = None,
     block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    contiguous: bool = False,
 ) -> torch.Tensor:
     """Logits ``[rows, max_len]`` fp32; only ``[:, :len]`` is written unless ``clean``.
 
     ``q_fp8`` is ``[rows, H, 128]`` (or ``[rows, 1, H, 128]``) FP8 E4M3 or its uint8 bytes;
     ``weights`` ``[rows, H]`` fp32 (q scale folded in); ``page_table`` ``[rows, max_pages]`` int32.
+    Tunables (for sweeps; results do not depend on them): ``nsplit`` programs per row,
+    ``block_n`` keys per step, ``num_warps``/``num_stages``, and ``contiguous`` (each program
+    walks one contiguous run of blocks instead of every ``nsplit``-th block).
     """
     if q_fp8.dim() == 4:
         if q_fp8.shape[1] != 1:
@@ -285,10 +499,13 @@ def indexer_logits(
         q_u8, q_u8.stride(0), q_u8.stride(1), weights, weights.stride(0),
         flat, flat.view(torch.float32), page_size, page_bytes,
         page_table, page_table.stride(0), lens, out, out.stride(0), max_len, h,
-        NSPLIT=nsplit, BN=block_n, HP=hp, CLEAN=clean, DOT_F32=interpreting(),
-        num_warps=4, num_stages=3,
+        NSPLIT=nsplit, BN=block_n, HP=hp, CLEAN=clean, DOT_F32=interpreting(), CONTIG=contiguous,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
+
+
+TOPK_METHODS = ("auto", "radix1", "radix6")
 
 
 def indexer_topk(
@@ -299,31 +516,54 @@ def indexer_topk(
     topk: int,
     out: torch.Tensor | None = None,
     raw_out: torch.Tensor | None = None,
-    block: int = 2048,
+    block: int | None = None,
     nprog: int | None = None,
+    method: str = "auto",
+    num_warps: int | None = None,
+    cap: int = 4096,
+    direct: int = 4096,
+    hist_bits: int = 8,
+    mant_bits: int = 3,
 ) -> torch.Tensor:
     """Top-``topk`` slots per row over ``logits[:, :len]`` with the page-to-slot transform.
 
     Returns ``[rows, topk]`` int32 physical slots (-1 padded; ascending position order within
-    the selected set); ``raw_out``, if given, receives the logical positions. Each row is cut into
-    ``nprog`` shares (static: from the row count and SM count), radix-selected in four 8-bit
-    passes whose histograms meet in a small global buffer, then counted and written; six short
-    launches, all with fixed grids.
+    the selected set); ``raw_out``, if given, receives the logical positions. Every method gives
+    the same output (exact top-k, ties at the threshold taken in position order).
+
+    ``method``: ``radix1`` is one launch with one program per row (module docstring; tunables
+    ``block`` keys per step (default 2048), ``num_warps`` (16), ``cap`` candidate-list entries,
+    ``direct`` (rows up to this length skip the windowed pass), ``hist_bits``/``mant_bits`` of
+    the windowed digit). ``radix6`` is the earlier six-launch version (``nprog`` programs per
+    row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix1`` when the rows fill at least
+    a quarter of the SMs (B >= 33 on an H200) and ``radix6`` below, where one program per row
+    would leave most of the device idle on long rows (a static choice: capture-safe).
     """
     rows = logits.shape[0]
     lens = _rows_lens(seq_lens, rows)
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
+    if method not in TOPK_METHODS:
+        raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if out is None:
         out = torch.empty(rows, topk, dtype=torch.int32, device=logits.device)
     raw = raw_out if raw_out is not None else out
+    if method == "auto":
+        method = "radix1" if 4 * rows >= device_sms(logits) else "radix6"
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    max_len = logits.shape[1]
+    if method == "radix1":
+        _topk_radix1(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
+                     max_len, block or 2048, num_warps or 16, cap, direct, hist_bits, mant_bits)
+        return out
+    block = block or 2048
     if nprog is None:
         nprog = max(1, min(32, triton.next_power_of_2(max(1, 2 * device_sms(logits) // rows))))
     if nprog & (nprog - 1):
         raise ValueError(f"nprog must be a power of two, got {nprog}")
     hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=logits.device)
     cnt = torch.empty(rows, nprog, 2, dtype=torch.int32, device=logits.device)
-    max_len = logits.shape[1]
     grid = (rows, nprog)
     for p in range(4):
         _topk_hist_kernel[grid](logits, logits.stride(0), lens, hist, max_len, K=topk, PASS=p,
@@ -337,6 +577,32 @@ def indexer_topk(
         WRITE_RAW=raw_out is not None, num_warps=8,
     )
     return out
+
+
+def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
+                 page_size: int, topk: int, out: torch.Tensor, raw: torch.Tensor, write_raw: bool,
+                 max_len: int, block: int, num_warps: int, cap: int, direct: int, hist_bits: int,
+                 mant_bits: int) -> None:
+    """Launch the one-program-per-row top-k (checks its tunables first)."""
+    if block & (block - 1) or block < 32:
+        raise ValueError(f"block must be a power of two >= 32, got {block}")
+    if not 5 <= hist_bits <= 10:
+        raise ValueError(f"hist_bits must be in 5..10, got {hist_bits}")
+    if not 0 <= mant_bits <= 7:
+        raise ValueError(f"mant_bits must be in 0..7, got {mant_bits}")
+    if cap < topk:
+        raise ValueError(f"cap ({cap}) must be at least topk ({topk})")
+    nb = 1 << hist_bits
+    # two exponents (2 << mant_bits bins) of headroom above the sampled maximum
+    anchor = max(0, nb - 1 - (2 << mant_bits))
+    rows = logits.shape[0]
+    scratch = torch.empty(rows, cap, dtype=torch.int32, device=logits.device)
+    _topk_row_kernel[(rows,)](
+        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, scratch,
+        out, out.stride(0), raw, raw.stride(0), max_len,
+        K=topk, KP=triton.next_power_of_2(topk), CH=block, CAP=cap, DIRECT=max(direct, topk),
+        NB=nb, MSH=23 - mant_bits, ANCHOR=anchor, WRITE_RAW=write_raw, num_warps=num_warps,
+    )
 
 
 def dsa_indexer(

@@ -86,3 +86,116 @@ def test_bad_lengths_dtype_is_a_clear_error(gen: torch.Generator) -> None:
     c = make_indexer_case(gen, batch=1, heads=8, lens=[4], max_len=8, page_size=4)
     with pytest.raises(ValueError, match="int32"):
         indexer_logits(c.q_fp8, c.index_cache, c.weights, c.seq_lens.long(), c.page_table, 8)
+
+
+def _random_pt(gen: torch.Generator, rows: int, max_len: int, page_size: int) -> torch.Tensor:
+    pages = -(-max_len // page_size)
+    return torch.stack([torch.randperm(pages * 2, generator=gen)[:pages] for _ in range(rows)]
+                       ).to(torch.int32)
+
+
+def _logits(gen: torch.Generator, kind: str, rows: int, max_len: int) -> torch.Tensor:
+    if kind == "randn":
+        return torch.randn(rows, max_len, generator=gen)
+    if kind == "ties":  # a third of every row shares one value, planted near the top
+        x = torch.randn(rows, max_len, generator=gen)
+        x[:, ::3] = 1.5
+        return x
+    if kind == "negative":  # all negative, tightly packed (many equal top bits)
+        return -torch.rand(rows, max_len, generator=gen) * 1e-3 - 5.0
+    if kind == "integers":  # six distinct values: huge tie groups at the threshold
+        return torch.randint(-3, 3, (rows, max_len), generator=gen).float()
+    raise ValueError(kind)
+
+
+# radix1 tunables: the windowed pass and the list (direct below the row length), the fallback to
+# the whole row (cap too small for the list), and other digit widths
+_RADIX1 = [
+    dict(block=64, direct=64, cap=1024),
+    dict(block=64, direct=64, cap=64),
+    dict(block=128, direct=100000),
+    dict(block=256, direct=64, cap=2048, hist_bits=6, mant_bits=1),
+    dict(block=256, direct=64, cap=2048, hist_bits=10, mant_bits=7),
+]
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
+@pytest.mark.parametrize("cfg", range(len(_RADIX1)))
+def test_radix1_equals_radix6_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
+    # len 0, < k, == k, k + 1, long; page size not a power of two
+    lens, topk, page_size = [0, 7, 24, 25, 700, 2400], 24, 7
+    rows, max_len = len(lens), 2410
+    logits = _logits(gen, kind, rows, max_len)
+    pt = _random_pt(gen, rows, max_len, page_size)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    got_raw = torch.empty(rows, topk, dtype=torch.int32)
+    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method="radix1",
+                       **_RADIX1[cfg])
+    old_raw = torch.empty(rows, topk, dtype=torch.int32)
+    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method="radix6",
+                       block=64, nprog=4)
+    res = check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)
+    assert res["ok"], res
+    assert check_topk(old, old_raw, logits, lens_t, pt, page_size, topk)["ok"]
+    # same selection, same order (ascending position), same tie-break
+    assert torch.equal(got, old) and torch.equal(got_raw, old_raw)
+    assert got_raw[0].tolist() == [-1] * topk and got[0].tolist() == [-1] * topk
+    assert got_raw[1].tolist() == list(range(7)) + [-1] * (topk - 7)
+    assert got_raw[2].tolist() == list(range(24))
+
+
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_radix1_large_k(gen: torch.Generator, topk: int) -> None:
+    lens = [topk - 1, topk, topk + 1, 3 * topk + 5]
+    rows, max_len, page_size = len(lens), 3 * topk + 8, 61
+    logits = _logits(gen, "randn", rows, max_len)
+    logits[:, 1::5] = logits[:, 2:3]  # ties
+    pt = _random_pt(gen, rows, max_len, page_size)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    raw = torch.empty(rows, topk, dtype=torch.int32)
+    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, method="radix1",
+                       block=512, direct=topk, cap=2 * topk + 512)
+    res = check_topk(got, raw, logits, lens_t, pt, page_size, topk)
+    assert res["ok"], res
+    assert raw[0, -1] == -1 and raw[1].tolist() == list(range(topk))
+    sel = raw[3][raw[3] >= 0]
+    assert torch.equal(sel, sel.sort().values)  # ascending position order
+
+
+def test_radix1_long_row_and_ties_in_index_order(gen: torch.Generator) -> None:
+    n, topk = 40000, 64
+    logits = torch.randn(1, n, generator=gen)
+    logits[0, 100:30000:7] = 9.0  # 4272 ties at the very top: the first 64 must win
+    pt = torch.arange(-(-n // 64), dtype=torch.int32).view(1, -1)
+    raw = torch.empty(1, topk, dtype=torch.int32)
+    indexer_topk(logits, torch.tensor([n], dtype=torch.int32), pt, 64, topk, raw_out=raw,
+                 method="radix1", block=2048)
+    assert raw[0].tolist() == list(range(100, 100 + 7 * topk, 7))
+    # a row with a clear top set, through the windowed pass and the candidate list
+    logits = torch.randn(1, n, generator=gen)
+    lens = torch.tensor([n], dtype=torch.int32)
+    raw = torch.empty(1, topk, dtype=torch.int32)
+    slots = indexer_topk(logits, lens, pt, 64, topk, raw_out=raw, method="radix1", block=2048)
+    assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
+
+
+def test_topk_method_and_tunables_are_checked(gen: torch.Generator) -> None:
+    logits = torch.randn(1, 10, generator=gen)
+    lens = torch.tensor([10], dtype=torch.int32)
+    pt = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="method"):
+        indexer_topk(logits, lens, pt, 16, 4, method="sort")
+    with pytest.raises(ValueError, match="cap"):
+        indexer_topk(logits, lens, pt, 16, 4, method="radix1", cap=2)
+
+
+def test_logits_tunables_keep_results(gen: torch.Generator) -> None:
+    c = make_indexer_case(gen, batch=2, heads=8, lens=[70, 129], max_len=140, page_size=6)
+    base = indexer_logits(c.q_fp8, c.index_cache, c.weights, c.seq_lens, c.page_table,
+                          c.max_len, clean=True, nsplit=3, block_n=16)
+    for kw in (dict(contiguous=True), dict(num_warps=8, num_stages=2), dict(nsplit=1, block_n=32)):
+        got = indexer_logits(c.q_fp8, c.index_cache, c.weights, c.seq_lens, c.page_table,
+                             c.max_len, clean=True, **kw)
+        assert torch.equal(torch.isinf(got), torch.isinf(base))
+        fin = torch.isfinite(base)
+        assert torch.allclose(got[fin], base[fin], rtol=1e-5, atol=1e-5)
