@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from ._runtime import device_max_shared
 from .cases import check_topk, compare_decode, make_decode_case, make_indexer_case
 from .indexer import indexer_logits, indexer_topk
 from .reference import ref_indexer_logits, ref_sparse_decode
-from .sparse_decode import DecodeConfig, sparse_mla_decode
+from .sparse_decode import DecodeConfig, available_variants, sparse_mla_decode
 
 DECODE_CASES: list[dict[str, Any]] = [
     dict(batch=3, heads=64, topk=128, extra_topk=512, page_size=256, extra_page_size=64),
@@ -35,7 +36,7 @@ def _decode_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     out = []
     for spec in DECODE_CASES:
         for nsplit in (1, 5):
-            for variant in ("full", "dsplit"):
+            for variant in available_variants(device_max_shared(torch.empty(0, device=device))):
                 c = make_decode_case(g, device=device, **spec)
                 cfg = DecodeConfig(nsplit=nsplit, variant=variant)
                 o, lse = sparse_mla_decode(**c.kwargs(), config=cfg)

@@ -18,8 +18,13 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
 * Output convention of FlashMLA: ``out [B, s_q, H, 512]`` bf16, ``lse [B, H, s_q]`` fp32 natural
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
-* Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V. At BT=32 the
-  shared-memory need stays under sm_120's 99 KB per block.
+* Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
+* Three variants, chosen from static shapes and the device's shared memory
+  (:func:`choose_variant`, numbers in NOTES.md): ``full`` (one program accumulates all 512
+  columns; fastest once rows fill an H200, but 128-192 KB of shared memory), ``dsplit`` (two
+  programs per row split the V columns; few rows) and ``pf`` (one loop over SWA + extra tiles
+  with the next tile's loads issued a step ahead; 80-82 KB at BT 16, the choice on sm_120's
+  99 KB and for mid-size grids).
 """
 
 from __future__ import annotations
@@ -367,7 +372,167 @@ def _sparse_decode_full_kernel(
         tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
     else:
         prow = (r * NSPLIT + sp).to(tl.int64) * H
-        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], o, mask=hmask[:, None])
+        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
+                 o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+
+
+@triton.jit
+def _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT: tl.constexpr):
+    """Indices of tile ``t`` of the concatenated SWA + extra range (-1 past the valid end)."""
+    offs = tl.arange(0, BT)
+    if t < tiles_a:
+        pos = t * BT + offs
+        idx = tl.load(a_row + pos, mask=pos < tl.where(t < hi, n_a, 0), other=-1)
+    else:
+        pos = (t - tiles_a) * BT + offs
+        idx = tl.load(b_row + pos, mask=pos < tl.where(t < hi, n_b, 0), other=-1)
+    return idx
+
+
+@triton.jit
+def _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, idx,
+               BT: tl.constexpr):
+    """Issue the loads of one MODEL1 tile: FP8 bytes, scale bytes and BF16 rope (raw, unconverted).
+
+    Returned tensors are consumed one loop iteration later, so their memory latency overlaps the
+    matrix products of the current tile (a register double buffer; NOTES.md v4).
+    """
+    if t < tiles_a:
+        u8 = a_u8
+        bf = a_bf16
+        ps = a_ps
+        pb = a_pb
+    else:
+        u8 = b_u8
+        bf = b_bf16
+        ps = b_ps
+        pb = b_pb
+    valid = idx >= 0
+    # max() rather than where(valid, ...): Triton 3.6's layout-conversion removal fails on a
+    # select fed by this loop-carried tensor (seen compiling for sm_90 with Triton 3.6.0).
+    safe = tl.maximum(idx, 0).to(tl.int64)
+    page = safe // ps
+    off = safe - page * ps
+    base = page * pb + off * 576
+    sbase = page * pb + ps * 576 + off * 8
+    c = tl.arange(0, 8)
+    d = tl.arange(0, 64)
+    col = c[:, None] * 64 + d[None, :]
+    v3 = valid[:, None, None]
+    raw = tl.load(u8 + base[:, None, None] + col[None, :, :], mask=v3 & (col < 448)[None], other=0)
+    scr = tl.load(u8 + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :], other=0)
+    rope = tl.load(bf + (base // 2 - 224)[:, None, None] + col[None, :, :],
+                   mask=v3 & (col >= 448)[None], other=0.0)
+    return raw, scr, rope, valid
+
+
+@triton.jit
+def _pf_dequant(raw, scr, rope, BT: tl.constexpr, DT: tl.constexpr):
+    """[BT, 512] K=V tile from the raw loads: FP8 x 2^(e-127) for columns < 448, rope after."""
+    sc = (scr.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+    # chunk 7 of ``raw`` and chunks 0-6 of ``rope`` were loaded masked as zeros
+    k3 = nope + rope.to(tl.float32)
+    return tl.reshape(k3, (BT, 512)).to(DT)
+
+
+@triton.jit
+def _sparse_decode_pf_kernel(
+    q_ptr, stride_qr, stride_qh,
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Full-width variant with one tile of loads in flight ahead of the matrix products.
+
+    One loop walks the concatenated SWA + extra tiles, choosing the cache per tile, so the
+    next tile's indices and raw bytes can be requested while the current tile is multiplied.
+    """
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    dd = tl.arange(0, 512)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
+                mask=hmask[:, None], other=0.0).to(DT)
+
+    n_a = a_topk
+    if A_HAS_LEN:
+        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
+    n_a = tl.maximum(n_a, 0)
+    n_b = 0
+    if HAS_B:
+        n_b = b_topk
+        if B_HAS_LEN:
+            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
+        n_b = tl.maximum(n_b, 0)
+    tiles_a = tl.cdiv(n_a, BT)
+    total = tiles_a + tl.cdiv(n_b, BT)
+    per = tl.cdiv(total, NSPLIT)
+    lo = sp * per
+    hi = tl.minimum(lo + per, total)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, 512], tl.float32)
+    a_row = a_idx + r.to(tl.int64) * stride_ar
+    b_row = b_idx + r.to(tl.int64) * stride_br
+    if PREFETCH:
+        idx = _pf_load_idx(a_row, b_row, lo, tiles_a, n_a, n_b, hi, BT)
+        raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb,
+                                           lo, tiles_a, idx, BT)
+        idx = _pf_load_idx(a_row, b_row, lo + 1, tiles_a, n_a, n_b, hi, BT)
+        for t in range(lo, hi):
+            k = _pf_dequant(raw, scr, rope, BT, DT)
+            raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps,
+                                               b_pb, t + 1, tiles_a, idx, BT)
+            idx = _pf_load_idx(a_row, b_row, t + 2, tiles_a, n_a, n_b, hi, BT)
+            # The score mask lives in the MMA layout; re-reading this tile's indices (L1-hot)
+            # is cheaper than carrying them across iterations in that layout (spills).
+            v_cur = _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT) >= 0
+            m_i, l_i, acc = _attend_full_tile(q, k, v_cur, m_i, l_i, acc, qk_scale, DT, PREC)
+    else:
+        for t in range(lo, hi):
+            idx = _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT)
+            raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps,
+                                               b_pb, t, tiles_a, idx, BT)
+            k = _pf_dequant(raw, scr, rope, BT, DT)
+            m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+
+    has = l_i > 0.0
+    safe_l = tl.where(has, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+        o = tl.where(has[:, None], o, 0.0)
+        lse = tl.where(has, lse, float("inf"))
+        tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+    else:
+        # bf16 partials: half the bytes of fp32 and half the layout-conversion scratch (the
+        # output is bf16 anyway; the combine re-weights in fp32).
+        prow = (r * NSPLIT + sp).to(tl.int64) * H
+        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
+                 o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
 
 
@@ -398,7 +563,7 @@ def _combine_kernel(
         w = tl.math.exp2(lp - gm)
         tot += w
         o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         acc += w[:, None] * o
     has = tot > 0.0
     safe = tl.where(has, tot, 1.0)
@@ -427,16 +592,44 @@ class DecodeConfig:
 
     block_h: int = 64
     block_t: int | None = None
-    num_warps: int = 8
+    num_warps: int | None = None
     num_stages: int | None = None
     nsplit: int | None = None
     variant: str | None = None
+    prefetch: bool = True
+    bf16_partials: bool | None = None
 
 
 DEFAULT_CONFIG = DecodeConfig()
-# Measured on H200 (NOTES.md v3): per-variant tiles.
-_VARIANT_TILES = {"full": (64, 1), "dsplit": (32, 2)}  # block_t, num_stages
+# Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3/v4).
+_VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8)}
+# "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
+# Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
+
+
+def available_variants(max_shared: int) -> tuple[str, ...]:
+    """Variants whose default tiles fit a device with ``max_shared`` bytes per block."""
+    return ("full", "dsplit", "pf") if max_shared >= _FULL_SMEM else ("dsplit", "pf")
+
+
+def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int
+                   ) -> tuple[str, int | None]:
+    """Variant and block_t (None: the variant's default) from static shapes only.
+
+    H200 measurements (NOTES.md v4): once rows fill the GPU, ``full`` wins (B=64: 63 µs vs 75 µs
+    for pf BT 16 and 115 µs for dsplit); for a handful of rows dsplit at BT 64 (B=1: 20 µs vs
+    24 µs); in between pf at BT 16 (B=8, top-k 1024: 31 µs vs 36-40 µs). Devices with 99 KB per
+    block (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there.
+    """
+    if max_shared < _FULL_SMEM:
+        return "pf", None
+    programs = rows * head_blocks
+    if 4 * programs > sms:
+        return "full", None
+    if programs <= 4:
+        return "dsplit", 64
+    return "pf", None
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -521,12 +714,14 @@ def sparse_mla_decode(
     # dsplit doubles the programs; worth it only while the grid is far from filling the GPU.
     # The full variant needs 128-196 KB of shared memory (compiled for sm_90 and sm_120 with
     # Triton 3.9, NOTES.md v3), so 99 KB parts (sm_120, sm_89) always take dsplit (~70 KB).
-    small_smem = device_max_shared(q) < _FULL_SMEM
-    variant = cfg.variant or ("dsplit" if small_smem or 4 * rows * head_blocks <= sms else "full")
+    auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q))
+    variant = cfg.variant or auto_variant
     if variant not in _VARIANT_TILES:
-        raise ValueError(f"variant must be 'full' or 'dsplit', got {variant!r}")
-    block_t = cfg.block_t or _VARIANT_TILES[variant][0]
+        raise ValueError(f"variant must be one of {sorted(_VARIANT_TILES)}, got {variant!r}")
+    block_t = cfg.block_t or (auto_bt if variant == auto_variant and auto_bt else
+                              _VARIANT_TILES[variant][0])
     num_stages = cfg.num_stages or _VARIANT_TILES[variant][1]
+    num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
     col_blocks = 2 if variant == "dsplit" else 1
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
     nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
@@ -536,13 +731,17 @@ def sparse_mla_decode(
     q2 = q.view(rows, h, HEAD_DIM) if q.is_contiguous() else q.reshape(rows, h, HEAD_DIM)
     o2 = out.view(rows, h, HEAD_DIM)
     if nsplit > 1:
-        o_part = torch.empty(rows * nsplit * h * HEAD_DIM, dtype=torch.float32, device=q.device)
+        bf16_parts = cfg.bf16_partials if cfg.bf16_partials is not None else variant == "pf"
+        part_dtype = torch.bfloat16 if bf16_parts else torch.float32
+        o_part = torch.empty(rows * nsplit * h * HEAD_DIM, dtype=part_dtype, device=q.device)
         l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=q.device)
     else:
         o_part = l_part = lse  # unused placeholders
     dummy = lse
     qk_scale = float(sm_scale) * LOG2E
-    kernel = _sparse_decode_dsplit_kernel if variant == "dsplit" else _sparse_decode_full_kernel
+    kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
+              "pf": _sparse_decode_pf_kernel}[variant]
+    extra = {"PREFETCH": cfg.prefetch} if variant == "pf" else {}
     kernel[(rows, col_blocks * head_blocks, nsplit)](
         q2, q2.stride(0), q2.stride(1),
         a_u8, a_bf, indices, indices.stride(1), topk_length if topk_length is not None else dummy,
@@ -556,7 +755,7 @@ def sparse_mla_decode(
         B_HAS_LEN=has_b and extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, NSPLIT=nsplit,
         BH=block_h, BT=block_t, DOT_F32=interpreting(),
-        num_warps=cfg.num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **extra,
     )
     if nsplit > 1:
         bhc = 16
@@ -577,4 +776,5 @@ def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]
     return float(kv + qo + idx), flops
 
 
-__all__ = ["DecodeConfig", "choose_nsplit", "roofline_bytes_flops", "sparse_mla_decode"]
+__all__ = ["DecodeConfig", "available_variants", "choose_nsplit", "choose_variant",
+           "roofline_bytes_flops", "sparse_mla_decode"]

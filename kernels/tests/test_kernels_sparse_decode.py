@@ -17,9 +17,9 @@ from dsv4_kernels.sparse_decode import DecodeConfig, choose_nsplit, sparse_mla_d
 SMALL = DecodeConfig(block_h=16, block_t=16, variant="full")
 
 
-def _run(case, nsplit: int, variant: str) -> dict[str, object]:
+def _run(case, nsplit: int, variant: str, prefetch: bool = True) -> dict[str, object]:
     cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, num_stages=1, nsplit=nsplit,
-                       variant=variant)
+                       variant=variant, prefetch=prefetch)
     out = sparse_mla_decode(**case.kwargs(), config=cfg)
     ref = ref_sparse_decode(**case.kwargs())
     return compare_decode(*out, *ref)
@@ -38,10 +38,11 @@ def _run(case, nsplit: int, variant: str) -> dict[str, object]:
         (dict(batch=2, heads=16, topk=16, extra_topk=16, lengths="zero"), 3),
     ],
 )
-@pytest.mark.parametrize("variant", ["full", "dsplit"])
+@pytest.mark.parametrize(("variant", "prefetch"), [("full", True), ("dsplit", True), ("pf", True),
+                                                   ("pf", False)])
 def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int,
-                                  variant: str) -> None:
-    res = _run(make_decode_case(gen, **spec), nsplit, variant)
+                                  variant: str, prefetch: bool) -> None:
+    res = _run(make_decode_case(gen, **spec), nsplit, variant, prefetch)
     assert res["ok"], res
 
 
@@ -100,3 +101,16 @@ def test_unknown_variant_is_rejected(gen: torch.Generator) -> None:
     case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
     with pytest.raises(ValueError, match="variant"):
         sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="fast"))
+
+
+def test_variant_choice_follows_grid_and_shared_memory() -> None:
+    from dsv4_kernels.sparse_decode import available_variants, choose_variant
+
+    h200, sm120 = 232448, 101376
+    assert choose_variant(64, 1, 132, h200) == ("full", None)
+    assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)
+    assert choose_variant(8, 1, 132, h200) == ("pf", None)
+    # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
+    for rows in (1, 8, 64, 128):
+        assert choose_variant(rows, 1, 188, sm120)[0] in available_variants(sm120)
+    assert "full" not in available_variants(sm120)

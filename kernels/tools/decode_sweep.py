@@ -1,0 +1,111 @@
+"""Time many sparse-decode configurations side by side in one GPU run (device-time saver).
+
+``python kernels/tools/decode_sweep.py [--baselines .baselines] [--quick]`` builds the bench's
+shapes (64 heads, SWA 128 + top-k extra keys), checks every configuration against the fp32
+reference, times CUDA-graph replays with a cold L2 (bench.Timer) and prints one table per shape.
+Used to pick the defaults recorded in kernels/NOTES.md; not part of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from dsv4_kernels.bench import SWA, Timer, ceilings, load_baselines
+from dsv4_kernels.cases import compare_decode, make_decode_case
+from dsv4_kernels.reference import ref_sparse_decode
+from dsv4_kernels.sparse_decode import DecodeConfig, roofline_bytes_flops, sparse_mla_decode
+
+
+def configs(bsz: int, limits: bool = False) -> list[DecodeConfig]:
+    if limits:  # only what fits sm_120's 99 KB per block (kernels.md 5.2)
+        return [DecodeConfig(variant="pf", block_t=16, num_warps=8),
+                DecodeConfig(variant="dsplit", block_t=32)]
+    out = [DecodeConfig(variant="full"), DecodeConfig(variant="full", bf16_partials=True)]
+
+    def pf(**kw: object) -> DecodeConfig:
+        return DecodeConfig(variant="pf", **kw)  # type: ignore[arg-type]
+
+    if bsz >= 64:
+        out += [pf(block_t=32, num_warps=8), pf(block_t=32, num_warps=16),
+                pf(block_t=64, num_warps=8), pf(block_t=32, num_warps=8, bf16_partials=False),
+                pf(block_t=32, num_warps=8, nsplit=1), pf(block_t=32, num_warps=8, nsplit=3),
+                pf(block_t=32, num_warps=8, nsplit=4), pf(block_t=64, num_warps=8, nsplit=1),
+                pf(block_t=64, num_warps=8, nsplit=3), pf(block_t=32, num_warps=8, num_stages=2)]
+    else:
+        out += [DecodeConfig(variant="dsplit"), DecodeConfig(variant="dsplit", block_t=64),
+                pf(block_t=32, num_warps=8), pf(block_t=64, num_warps=8),
+                pf(block_t=16, num_warps=8)]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baselines")
+    ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
+    ap.add_argument("--json")
+    ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    ceil = ceilings(dev)
+    print(json.dumps(ceil), flush=True)
+    base = load_baselines(args.baselines) if args.baselines else None
+    timer = Timer(dev)
+    g = torch.Generator().manual_seed(99)
+    results = []
+    for spec in args.shapes.split(","):
+        bsz, topk = (int(x) for x in spec.split(":"))
+        c = make_decode_case(g, batch=bsz, heads=64, topk=SWA, extra_topk=topk, page_size=256,
+                             extra_page_size=64, device="cuda")
+        kw = c.kwargs()
+        ro, rl = ref_sparse_decode(**kw)
+        nbytes, flops = roofline_bytes_flops(bsz, 64, SWA + topk)
+        roof = max(nbytes / (ceil["copy_GBps"] * 1e9), flops / (ceil["bf16_TFLOPS"] * 1e12)) * 1e6
+        rows = []
+        if base is not None:
+            bk = dict(q=c.q, k_cache=c.k_cache, head_dim_v=512, softmax_scale=c.sm_scale,
+                      indices=c.indices, attn_sink=c.attn_sink, extra_k_cache=c.extra_k_cache,
+                      extra_indices_in_kvcache=c.extra_indices, topk_length=c.topk_length,
+                      extra_topk_length=c.extra_topk_length)
+            rows.append({"cfg": "sglang (b)", "us": timer.graph(lambda bk=bk: base["b"](**bk))})
+        for cfg in configs(bsz, args.limits):
+            name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
+                    f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}")
+            try:
+                t0 = time.time()
+                o, lse = sparse_mla_decode(**kw, config=cfg)
+                ok = compare_decode(o, lse, ro, rl)["ok"]
+                st: dict[str, torch.Tensor] = {}
+
+                def run(cfg: DecodeConfig = cfg, kw: dict = kw,
+                        st: dict[str, torch.Tensor] = st) -> None:
+                    st["o"], st["l"] = sparse_mla_decode(**kw, config=cfg)
+
+                us = timer.graph(run)
+                same = bool(torch.equal(st["o"], o) and torch.equal(st["l"], lse))
+                rows.append({"cfg": name, "us": us, "ok": ok and same,
+                             "compile_s": round(time.time() - t0, 1)})
+            except Exception as exc:  # keep sweeping: one bad config must not end the run
+                rows.append({"cfg": name, "us": None, "err": f"{type(exc).__name__}: {exc}"[:160]})
+            print(json.dumps({"shape": spec, **rows[-1]}), flush=True)
+        results.append({"shape": spec, "roofline_us": roof, "rows": rows})
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceilings": ceil, "results": results}, f, indent=1)
+    for res in results:
+        print(f"\n## B:topk {res['shape']}  roofline {res['roofline_us']:.1f} µs")
+        for r in sorted(res["rows"], key=lambda r: r["us"] if r["us"] else 1e9):
+            us = r["us"]
+            frac = f"{res['roofline_us'] / us:.3f}" if us else "-"
+            print(f"{r['cfg']:<42} {us if us is None else round(us, 1)!s:>8} µs  frac {frac}"
+                  f"  ok={r.get('ok', '-')} {r.get('err', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
