@@ -274,7 +274,7 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
         for blk, npg in ((2048, 8), (1024, 16), (4096, 4), (1024, 32), (512, 32)):
             tk_sw[f"block={blk},nprog={npg}"] = timer.graph(
                 lambda blk=blk, npg=npg: indexer_topk(ws, lens, pt, page, topk, out=out,
-                                                      block=blk, nprog=npg))
+                                                      block=blk, nprog=npg, method="radix6"))
         lg_sw: dict[str, float] = {}
         for bn, nsp in ((64, 8), (128, 8), (64, 16), (128, 16), (64, 32)):
             lg_sw[f"block_n={bn},nsplit={nsp}"] = timer.graph(
