@@ -124,6 +124,36 @@ def _slot_of(pt_row, pos, mask, page_size):
 
 
 @triton.jit
+def _emit_short_row(n, pt_row, page_size, o_row, raw_row, K: tl.constexpr, KP: tl.constexpr,
+                    WRITE_RAW: tl.constexpr):
+    """A row with ``len <= K`` keeps every key: slots of ``0..len-1``, then -1."""
+    pos = tl.arange(0, KP)
+    keep = pos < n
+    slot = _slot_of(pt_row, pos, keep, page_size)
+    tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
+    if WRITE_RAW:
+        tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
+
+
+@triton.jit
+def _emit_selected(gt, eq, pos, cnt_sel, cnt_eq, k_rem, pt_row, page_size, o_row, raw_row,
+                   WRITE_RAW: tl.constexpr):
+    """Write one chunk's selected keys as slots (and positions): every key above the threshold
+    and the first ``k_rem`` equal to it in position order (deterministic tie-break), after the
+    ``cnt_sel`` already written. Returns the updated (written, equal-seen) counters."""
+    eq_i = eq.to(tl.int32)
+    eq_rank = cnt_eq + tl.cumsum(eq_i, 0) - eq_i
+    take = gt | (eq & (eq_rank < k_rem))
+    take_i = take.to(tl.int32)
+    dst = cnt_sel + tl.cumsum(take_i, 0) - take_i
+    slot = _slot_of(pt_row, pos, take, page_size)
+    tl.store(o_row + dst, slot, mask=take)
+    if WRITE_RAW:
+        tl.store(raw_row + dst, pos, mask=take)
+    return cnt_sel + tl.sum(take_i, 0), cnt_eq + tl.sum(eq_i, 0)
+
+
+@triton.jit
 def _select_digit(hist, k_rem):
     """Largest bin b with count(bins >= b) >= k_rem; returns (b, k_rem minus count above b)."""
     bins = tl.arange(0, 256)
@@ -222,12 +252,7 @@ def _topk_write_kernel(
     raw_row = raw_ptr + r.to(tl.int64) * stride_rr
     if n <= K:
         if sp == 0:
-            pos = tl.arange(0, KP)
-            keep = pos < n
-            slot = _slot_of(pt_row, pos, keep, page_size)
-            tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
-            if WRITE_RAW:
-                tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
+            _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
     else:
         prefix, k_rem = _threshold(hist_ptr + r.to(tl.int64) * 1024, K, 4)
         progs = tl.arange(0, NPROG)
@@ -243,19 +268,9 @@ def _topk_write_kernel(
             offs = start + tl.arange(0, BLOCK)
             m = offs < hi
             key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
-            gt = m & (key > prefix)
-            eq = m & (key == prefix)
-            eq_i = eq.to(tl.int32)
-            eq_rank = cnt_eq + tl.cumsum(eq_i, 0) - eq_i
-            take = gt | (eq & (eq_rank < k_rem))
-            take_i = take.to(tl.int32)
-            dst = cnt_sel + tl.cumsum(take_i, 0) - take_i
-            slot = _slot_of(pt_row, offs, take, page_size)
-            tl.store(o_row + dst, slot, mask=take)
-            if WRITE_RAW:
-                tl.store(raw_row + dst, offs, mask=take)
-            cnt_sel += tl.sum(take_i, 0)
-            cnt_eq += tl.sum(eq_i, 0)
+            cnt_sel, cnt_eq = _emit_selected(m & (key > prefix), m & (key == prefix), offs,
+                                             cnt_sel, cnt_eq, k_rem, pt_row, page_size, o_row,
+                                             raw_row, WRITE_RAW)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,19 +363,9 @@ def _write_selected(l_row, s_pos, count, limit, prefix, shift, k_rem, pt_row, pa
     for start in range(0, count, CH):
         key, pos, m = _source(l_row, s_pos, start, count, count_ld, LIST, CH)
         top = key >> sh
-        gt = m & (top > prefix)
-        eq = m & (top == prefix)
-        eq_i = eq.to(tl.int32)
-        eq_rank = cnt_eq + tl.cumsum(eq_i, 0) - eq_i
-        take = gt | (eq & (eq_rank < k_rem))
-        take_i = take.to(tl.int32)
-        dst = cnt_sel + tl.cumsum(take_i, 0) - take_i
-        slot = _slot_of(pt_row, pos, take, page_size)
-        tl.store(o_row + dst, slot, mask=take)
-        if WRITE_RAW:
-            tl.store(raw_row + dst, pos, mask=take)
-        cnt_sel += tl.sum(take_i, 0)
-        cnt_eq += tl.sum(eq_i, 0)
+        cnt_sel, cnt_eq = _emit_selected(m & (top > prefix), m & (top == prefix), pos, cnt_sel,
+                                         cnt_eq, k_rem, pt_row, page_size, o_row, raw_row,
+                                         WRITE_RAW)
 
 
 @triton.jit
@@ -385,12 +390,7 @@ def _topk_row_kernel(
     o_row = out_ptr + r.to(tl.int64) * stride_or
     raw_row = raw_ptr + r.to(tl.int64) * stride_rr
     if n <= K:
-        pos = tl.arange(0, KP)
-        keep = pos < n
-        slot = _slot_of(pt_row, pos, keep, page_size)
-        tl.store(o_row + pos, tl.where(keep, slot, -1), mask=pos < K)
-        if WRITE_RAW:
-            tl.store(raw_row + pos, tl.where(keep, pos, -1), mask=pos < K)
+        _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
     else:
         l_row = logit_ptr + r.to(tl.int64) * stride_lr
         s_pos = scratch_ptr + r.to(tl.int64) * CAP

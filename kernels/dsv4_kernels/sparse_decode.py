@@ -143,6 +143,58 @@ def _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, C: tl.constexpr, DT: 
 
 
 @triton.jit
+def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr,
+                 HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr, NSPLIT: tl.constexpr,
+                 BT: tl.constexpr):
+    """Valid lengths read on the device and this split's share ``[lo, hi)`` of the row's tiles
+    (SWA tiles first, then the extra ones): the adaptive split-K cut."""
+    n_a = a_topk
+    if A_HAS_LEN:
+        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
+    n_a = tl.maximum(n_a, 0)
+    n_b = 0
+    if HAS_B:
+        n_b = b_topk
+        if B_HAS_LEN:
+            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
+        n_b = tl.maximum(n_b, 0)
+    tiles_a = tl.cdiv(n_a, BT)
+    total = tiles_a + tl.cdiv(n_b, BT)
+    per = tl.cdiv(total, NSPLIT)
+    lo = sp * per
+    hi = tl.minimum(lo + per, total)
+    return n_a, n_b, tiles_a, lo, hi
+
+
+@triton.jit
+def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr):
+    """Write a [BH, 512] result: final output and sink-exclusive LSE (one split), or the split's
+    normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (bf16
+    for pf: half the bytes and half the layout-conversion scratch; the combine works in fp32)."""
+    dd = tl.arange(0, 512)
+    has = l_i > 0.0
+    safe_l = tl.where(has, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+        o = tl.where(has[:, None], o, 0.0)
+        lse = tl.where(has, lse, float("inf"))
+        tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+    else:
+        prow = (r * NSPLIT + sp).to(tl.int64) * H
+        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
+                 o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
+        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+
+
+@triton.jit
 def _sparse_decode_dsplit_kernel(
     q_ptr, stride_qr, stride_qh,
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
@@ -178,21 +230,8 @@ def _sparse_decode_dsplit_kernel(
     q6 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 6, DT)
     q7 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 7, DT)
 
-    n_a = a_topk
-    if A_HAS_LEN:
-        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
-    n_a = tl.maximum(n_a, 0)
-    n_b = 0
-    if HAS_B:
-        n_b = b_topk
-        if B_HAS_LEN:
-            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
-        n_b = tl.maximum(n_b, 0)
-    tiles_a = tl.cdiv(n_a, BT)
-    total = tiles_a + tl.cdiv(n_b, BT)
-    per = tl.cdiv(total, NSPLIT)
-    lo = sp * per
-    hi = tl.minimum(lo + per, total)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
@@ -326,21 +365,8 @@ def _sparse_decode_full_kernel(
     q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
                 mask=hmask[:, None], other=0.0).to(DT)
 
-    n_a = a_topk
-    if A_HAS_LEN:
-        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
-    n_a = tl.maximum(n_a, 0)
-    n_b = 0
-    if HAS_B:
-        n_b = b_topk
-        if B_HAS_LEN:
-            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
-        n_b = tl.maximum(n_b, 0)
-    tiles_a = tl.cdiv(n_a, BT)
-    total = tiles_a + tl.cdiv(n_b, BT)
-    per = tl.cdiv(total, NSPLIT)
-    lo = sp * per
-    hi = tl.minimum(lo + per, total)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
@@ -356,25 +382,8 @@ def _sparse_decode_full_kernel(
                                      BT, DT)
             m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
-    has = l_i > 0.0
-    safe_l = tl.where(has, l_i, 1.0)
-    o = acc / safe_l[:, None]
-    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
-    if NSPLIT == 1:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
-            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-        o = tl.where(has[:, None], o, 0.0)
-        lse = tl.where(has, lse, float("inf"))
-        tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
-    else:
-        prow = (r * NSPLIT + sp).to(tl.int64) * H
-        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
-                 o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
-        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+    _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
 
 
 @triton.jit
@@ -470,21 +479,8 @@ def _sparse_decode_pf_kernel(
     q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
                 mask=hmask[:, None], other=0.0).to(DT)
 
-    n_a = a_topk
-    if A_HAS_LEN:
-        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
-    n_a = tl.maximum(n_a, 0)
-    n_b = 0
-    if HAS_B:
-        n_b = b_topk
-        if B_HAS_LEN:
-            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
-        n_b = tl.maximum(n_b, 0)
-    tiles_a = tl.cdiv(n_a, BT)
-    total = tiles_a + tl.cdiv(n_b, BT)
-    per = tl.cdiv(total, NSPLIT)
-    lo = sp * per
-    hi = tl.minimum(lo + per, total)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
 
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
@@ -513,27 +509,8 @@ def _sparse_decode_pf_kernel(
             k = _pf_dequant(raw, scr, rope, BT, DT)
             m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
-    has = l_i > 0.0
-    safe_l = tl.where(has, l_i, 1.0)
-    o = acc / safe_l[:, None]
-    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
-    if NSPLIT == 1:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
-            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-        o = tl.where(has[:, None], o, 0.0)
-        lse = tl.where(has, lse, float("inf"))
-        tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
-    else:
-        # bf16 partials: half the bytes of fp32 and half the layout-conversion scratch (the
-        # output is bf16 anyway; the combine re-weights in fp32).
-        prow = (r * NSPLIT + sp).to(tl.int64) * H
-        tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
-                 o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
-        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+    _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
 
 
 @triton.jit
