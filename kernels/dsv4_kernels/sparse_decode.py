@@ -433,7 +433,7 @@ def _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, i
     scr = tl.load(u8 + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :], other=0)
     rope = tl.load(bf + (base // 2 - 224)[:, None, None] + col[None, :, :],
                    mask=v3 & (col >= 448)[None], other=0.0)
-    return raw, scr, rope, valid
+    return raw, scr, rope
 
 
 @triton.jit
@@ -489,13 +489,13 @@ def _sparse_decode_pf_kernel(
     b_row = b_idx + r.to(tl.int64) * stride_br
     if PREFETCH:
         idx = _pf_load_idx(a_row, b_row, lo, tiles_a, n_a, n_b, hi, BT)
-        raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb,
-                                           lo, tiles_a, idx, BT)
+        raw, scr, rope = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, lo,
+                                    tiles_a, idx, BT)
         idx = _pf_load_idx(a_row, b_row, lo + 1, tiles_a, n_a, n_b, hi, BT)
         for t in range(lo, hi):
             k = _pf_dequant(raw, scr, rope, BT, DT)
-            raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps,
-                                               b_pb, t + 1, tiles_a, idx, BT)
+            raw, scr, rope = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb,
+                                        t + 1, tiles_a, idx, BT)
             idx = _pf_load_idx(a_row, b_row, t + 2, tiles_a, n_a, n_b, hi, BT)
             # The score mask lives in the MMA layout; re-reading this tile's indices (L1-hot)
             # is cheaper than carrying them across iterations in that layout (spills).
@@ -504,10 +504,10 @@ def _sparse_decode_pf_kernel(
     else:
         for t in range(lo, hi):
             idx = _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT)
-            raw, scr, rope, valid = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps,
-                                               b_pb, t, tiles_a, idx, BT)
+            raw, scr, rope = _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t,
+                                        tiles_a, idx, BT)
             k = _pf_dequant(raw, scr, rope, BT, DT)
-            m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+            m_i, l_i, acc = _attend_full_tile(q, k, idx >= 0, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
                 lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)

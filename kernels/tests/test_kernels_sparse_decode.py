@@ -114,3 +114,15 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     for rows in (1, 8, 64, 128):
         assert choose_variant(rows, 1, 188, sm120)[0] in available_variants(sm120)
     assert "full" not in available_variants(sm120)
+
+
+@pytest.mark.parametrize(("variant", "bf16_partials"), [("full", True), ("pf", False)])
+def test_partial_dtype_is_a_free_choice(gen: torch.Generator, variant: str,
+                                        bf16_partials: bool) -> None:
+    case = make_decode_case(gen, batch=2, heads=16, topk=24, extra_topk=40, page_size=7,
+                            extra_page_size=5)
+    cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, num_stages=1, nsplit=3,
+                       variant=variant, bf16_partials=bf16_partials)
+    res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=cfg),
+                         *ref_sparse_decode(**case.kwargs()))
+    assert res["ok"], res
