@@ -40,6 +40,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Sourced(_Strict):
+    """A catalog entry that carries where its values come from and how sure we are of them."""
+
+    source: str = Field(min_length=1)
+    confidence: Confidence
+
+
 class Fact(_Strict, Generic[T]):
     """One sourced value: what it is, where it comes from and how sure we are."""
 
@@ -235,30 +242,24 @@ class ModelVariant(_Strict):
 # --------------------------------------------------------------------------- engine rules
 
 
-class AcceptedValues(_Strict):
+class AcceptedValues(_Sourced):
     values: list[int | str]
-    source: str = Field(min_length=1)
-    confidence: Confidence
     note: str | None = None
 
 
-class EnvSet(_Strict):
-    source: str = Field(min_length=1)
-    confidence: Confidence
+class EnvSet(_Sourced):
     values: dict[str, str]
 
 
-class RuntimeWeightOverride(_Strict):
+class RuntimeWeightOverride(_Sourced):
     id: str
     groups: list[str]
     archs: list[Arch]
     format: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
     note: str | None = None
 
 
-class MoeRunnerRule(_Strict):
+class MoeRunnerRule(_Sourced):
     expert_format: str
     arch: Arch
     runner: str
@@ -266,8 +267,6 @@ class MoeRunnerRule(_Strict):
     is_default: bool
     path_kind: PathKind
     method: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
     note: str | None = None
 
 
@@ -312,29 +311,23 @@ class KnownBad(_Strict):
         return True
 
 
-class PdTransferBackend(_Strict):
+class PdTransferBackend(_Sourced):
     id: str
     needs: list[str]
     env: dict[str, str]
     pip: list[str]
-    source: str = Field(min_length=1)
-    confidence: Confidence
     note: str | None = None
 
 
-class SpeculativeRule(_Strict):
+class SpeculativeRule(_Sourced):
     algorithm: str
     requires_module: Module | None
     constraints: dict[str, int]
     flags: list[str]
-    source: str = Field(min_length=1)
-    confidence: Confidence
     note: str | None = None
 
 
-class FlagTable(_Strict):
-    source: str = Field(min_length=1)
-    confidence: Confidence
+class FlagTable(_Sourced):
     knobs: dict[str, str]
     removed_or_deprecated: dict[str, str]
 
@@ -347,22 +340,18 @@ class FlagTable(_Strict):
         return v
 
 
-class Parsers(_Strict):
+class Parsers(_Sourced):
     reasoning: str
     tool_call: str
     chat_template_needed: bool
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
-class EngineEndpoints(_Strict):
+class EngineEndpoints(_Sourced):
     health: list[str]
     ready: str
     info: list[str]
     metrics: str
     metrics_requires_flag: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
 class EngineRules(_Strict):
@@ -415,35 +404,27 @@ class EngineRules(_Strict):
         return None
 
 
-class RouterPolicies(_Strict):
+class RouterPolicies(_Sourced):
     values: list[str]
     prefill_only: list[str]
     default: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
-class RouterEndpoints(_Strict):
+class RouterEndpoints(_Sourced):
     liveness: str
     readiness: str
     health: list[str]
     metrics: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
-class RouterPd(_Strict):
+class RouterPd(_Sourced):
     flags: list[str]
     prefill_bootstrap_port_required: bool
     note: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
-class RouterParsers(_Strict):
+class RouterParsers(_Sourced):
     note: str
-    source: str = Field(min_length=1)
-    confidence: Confidence
 
 
 class RouterRules(_Strict):
