@@ -514,6 +514,124 @@ def _sparse_decode_pf_kernel(
 
 
 @triton.jit
+def _stage_kernel(
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    kv_ptr, ok_ptr, s_q, A_PAD, T_PAD,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    BT: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr,
+):
+    """Phase 1 of ``staged``: gather and dequantize ``BG`` keys of one row, once, into the
+    row's contiguous [T_PAD, 512] tile buffer (SWA keys at ``[0, A_PAD)``, extra keys after).
+
+    Only blocks inside the tiles phase 2 will read (``cdiv(len, BT) * BT`` per list) are
+    written; invalid or out-of-range keys there become zero rows with ``ok = 0``, so phase 2
+    needs neither the indices nor a mask on its loads.
+    """
+    r = tl.program_id(0)
+    j0 = tl.program_id(1) * BG
+    bidx = r // s_q
+    n_a, n_b, _tiles_a, _lo, _hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, 0,
+                                                A_HAS_LEN, HAS_B, B_HAS_LEN, 1, BT)
+    if j0 < A_PAD:
+        u8 = a_u8
+        bf = a_bf16
+        ps = a_ps
+        pb = a_pb
+        i_row = a_idx + r.to(tl.int64) * stride_ar
+        loc = j0
+        n = n_a
+    else:
+        u8 = b_u8
+        bf = b_bf16
+        ps = b_ps
+        pb = b_pb
+        i_row = b_idx + r.to(tl.int64) * stride_br
+        loc = j0 - A_PAD
+        n = n_b
+    if loc < tl.cdiv(n, BT) * BT:
+        offs = loc + tl.arange(0, BG)
+        idx = tl.load(i_row + offs, mask=offs < n, other=-1)
+        valid = idx >= 0
+        safe = tl.maximum(idx, 0).to(tl.int64)
+        page = safe // ps
+        off = safe - page * ps
+        base = page * pb + off * 576
+        sbase = page * pb + ps * 576 + off * 8
+        c = tl.arange(0, 8)
+        d = tl.arange(0, 64)
+        col = c[:, None] * 64 + d[None, :]
+        nope_col = (col < 448)[None]
+        raw = tl.load(u8 + base[:, None, None] + col[None, :, :],
+                      mask=valid[:, None, None] & nope_col, other=0, eviction_policy=LOAD_EV)
+        scr = tl.load(u8 + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :],
+                      other=0)
+        sc = (scr.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+        rope = tl.load(bf + (base // 2 + 224)[:, None] + d[None, :], mask=valid[:, None],
+                       other=0.0, eviction_policy=LOAD_EV)
+        dst = kv_ptr + (r.to(tl.int64) * T_PAD + j0 + tl.arange(0, BG)) * 512
+        tl.store(dst[:, None, None] + col[None, :, :], nope.to(kv_ptr.dtype.element_ty),
+                 mask=nope_col, eviction_policy=STORE_EV)
+        tl.store(dst[:, None] + 448 + d[None, :], rope.to(kv_ptr.dtype.element_ty),
+                 eviction_policy=STORE_EV)
+        tl.store(ok_ptr + r.to(tl.int64) * T_PAD + j0 + tl.arange(0, BG), valid.to(tl.int8))
+
+
+@triton.jit
+def _sparse_decode_staged_kernel(
+    q_ptr, stride_qr, stride_qh, kv_ptr, ok_ptr,
+    a_len, a_topk, b_len, b_topk,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale, A_PAD, T_PAD,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+    LOAD_EV: tl.constexpr,
+):
+    """Phase 2 of ``staged``: attention over the row's contiguous dequantized tiles.
+
+    The tile loads carry no indices and no data-dependent addresses, so Triton's software
+    pipeliner can stream them into shared memory ``STAGES`` tiles ahead (cp.async) and feed
+    both products from there: no [BT, 512] tile passes through registers, which is what
+    capped the fused kernels (255 registers and spills, NOTES.md v4).
+    """
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    dd = tl.arange(0, 512)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
+                mask=hmask[:, None], other=0.0).to(DT)
+    _n_a, _n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                               A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, 512], tl.float32)
+    kv_row = kv_ptr + r.to(tl.int64) * T_PAD * 512
+    ok_row = ok_ptr + r.to(tl.int64) * T_PAD
+    offs_t = tl.arange(0, BT)
+    for t in tl.range(lo, hi, num_stages=STAGES):
+        pos = tl.where(t < tiles_a, t * BT, A_PAD + (t - tiles_a) * BT)
+        k = tl.load(kv_row + (pos + offs_t)[:, None] * 512 + dd[None, :],
+                    eviction_policy=LOAD_EV).to(DT)
+        valid = tl.load(ok_row + pos + offs_t) != 0
+        m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+
+    _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+
+
+@triton.jit
 def _combine_kernel(
     op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr, DC: tl.constexpr,
@@ -575,14 +693,20 @@ class DecodeConfig:
     variant: str | None = None
     prefetch: bool = True
     bf16_partials: bool | None = None
+    stage_block: int | None = None
+    stage_batch: int | None = None
+    l2_hints: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3/v4).
-_VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8)}
+_VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
+                  "staged": (32, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
+# staged: dequantized keys of at most this many bytes per batch chunk (sized to stay in L2).
+_STAGE_BYTES = 24 * 2**20
 
 
 def available_variants(max_shared: int) -> tuple[str, ...]:
@@ -701,47 +825,132 @@ def sparse_mla_decode(
     num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
     col_blocks = 2 if variant == "dsplit" else 1
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
-    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
 
     out = torch.empty(b, s_q, h, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
     q2 = q.view(rows, h, HEAD_DIM) if q.is_contiguous() else q.reshape(rows, h, HEAD_DIM)
     o2 = out.view(rows, h, HEAD_DIM)
-    if nsplit > 1:
-        bf16_parts = cfg.bf16_partials if cfg.bf16_partials is not None else variant == "pf"
-        part_dtype = torch.bfloat16 if bf16_parts else torch.float32
-        o_part = torch.empty(rows * nsplit * h * HEAD_DIM, dtype=part_dtype, device=q.device)
-        l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=q.device)
-    else:
-        o_part = l_part = lse  # unused placeholders
-    dummy = lse
-    qk_scale = float(sm_scale) * LOG2E
-    kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
-              "pf": _sparse_decode_pf_kernel}[variant]
-    extra = {"PREFETCH": cfg.prefetch} if variant == "pf" else {}
-    kernel[(rows, col_blocks * head_blocks, nsplit)](
-        q2, q2.stride(0), q2.stride(1),
-        a_u8, a_bf, indices, indices.stride(1), topk_length if topk_length is not None else dummy,
-        indices.shape[-1], a_ps, a_pb,
-        b_u8, b_bf, extra_indices, extra_indices.stride(1),
-        extra_topk_length if extra_topk_length is not None else dummy, b_topk, b_ps, b_pb,
-        attn_sink if attn_sink is not None else dummy, o2, o2.stride(0), o2.stride(1), lse,
-        o_part, l_part,
-        h, s_q, qk_scale,
-        A_HAS_LEN=topk_length is not None, HAS_B=has_b,
-        B_HAS_LEN=has_b and extra_topk_length is not None,
-        HAS_SINK=attn_sink is not None, NSPLIT=nsplit,
-        BH=block_h, BT=block_t, DOT_F32=interpreting(),
-        num_warps=num_warps, num_stages=num_stages, **extra,
-    )
-    if nsplit > 1:
-        bhc = 16
-        _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
-            o_part, l_part, attn_sink if attn_sink is not None else dummy,
-            o2, o2.stride(0), o2.stride(1), lse, h, s_q,
-            HAS_SINK=attn_sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, num_warps=4,
-        )
+    lists = (_Keys(a_u8, a_bf, indices, topk_length, indices.shape[-1], a_ps, a_pb),
+             _Keys(b_u8, b_bf, extra_indices, extra_topk_length, b_topk, b_ps, b_pb))
+    launch = _Launch(variant, has_b, attn_sink, h, s_q, float(sm_scale) * LOG2E, block_h,
+                     block_t, num_warps, num_stages, col_blocks, cfg)
+    # staged keeps one batch chunk's dequantized keys (1 KB per key) in flight; chunks small
+    # enough to stay in L2 are read back from it instead of HBM (NOTES.md v5).
+    chunk = b
+    if variant == "staged":
+        t_pad = max_tiles * block_t
+        most = max(1, _STAGE_BYTES // (s_q * t_pad * HEAD_DIM * 2))
+        chunk = cfg.stage_batch or triton.cdiv(b, triton.cdiv(b, most))  # even chunks
+    for b0 in range(0, b, chunk):
+        b1 = min(b, b0 + chunk)
+        r0, r1 = b0 * s_q, b1 * s_q
+        nsplit = cfg.nsplit or choose_nsplit(r1 - r0, head_blocks * col_blocks,
+                                             max(1, max_tiles), sms)
+        launch.rows(q2[r0:r1], lists[0].batch(b0, b1), lists[1].batch(b0, b1), o2[r0:r1],
+                    lse[b0:b1], nsplit)
     return out, lse
+
+
+@dataclasses.dataclass(frozen=True)
+class _Keys:
+    """One key list (the SWA list or the extra one) as the kernels take it."""
+
+    u8: torch.Tensor
+    bf: torch.Tensor
+    idx: torch.Tensor
+    length: torch.Tensor | None
+    topk: int
+    ps: int
+    pb: int
+
+    def batch(self, b0: int, b1: int) -> _Keys:
+        """The same list restricted to requests ``[b0, b1)`` (views, no copies)."""
+        ln = self.length[b0:b1] if self.length is not None else None
+        return dataclasses.replace(self, idx=self.idx[b0:b1], length=ln)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """Everything but the rows: launches one variant (and the combine) for a run of rows."""
+
+    variant: str
+    has_b: bool
+    sink: torch.Tensor | None
+    h: int
+    s_q: int
+    qk_scale: float
+    block_h: int
+    block_t: int
+    num_warps: int
+    num_stages: int
+    col_blocks: int
+    cfg: DecodeConfig
+
+    def rows(self, q2: torch.Tensor, a: _Keys, bk: _Keys, o2: torch.Tensor, lse: torch.Tensor,
+             nsplit: int) -> None:
+        rows, h = q2.shape[0], self.h
+        dev = q2.device
+        if nsplit > 1:
+            bf16 = self.cfg.bf16_partials
+            if bf16 is None:
+                bf16 = self.variant in ("pf", "staged")
+            o_part = torch.empty(rows * nsplit * h * HEAD_DIM,
+                                 dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
+            l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=dev)
+        else:
+            o_part = l_part = lse  # unused placeholders
+        dummy = lse
+        sink = self.sink if self.sink is not None else dummy
+        a_len = a.length if a.length is not None else dummy
+        b_len = bk.length if bk.length is not None else dummy
+        flags = dict(A_HAS_LEN=a.length is not None, HAS_B=self.has_b,
+                     B_HAS_LEN=self.has_b and bk.length is not None)
+        heads = dict(HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=self.block_h,
+                     BT=self.block_t, DOT_F32=interpreting())
+        head_blocks = triton.cdiv(h, self.block_h)
+        if self.variant == "staged":
+            bt = self.block_t
+            bg = self.cfg.stage_block or min(bt, 32)
+            if bg > bt or bt % bg:
+                raise ValueError(f"stage_block ({bg}) must divide block_t ({bt})")
+            a_pad = triton.cdiv(a.topk, bt) * bt
+            t_pad = a_pad + triton.cdiv(bk.topk, bt) * bt
+            kv = torch.empty(rows * t_pad * HEAD_DIM,
+                             dtype=torch.float32 if interpreting() else torch.bfloat16, device=dev)
+            ok = torch.empty(rows * t_pad, dtype=torch.int8, device=dev)
+            ev = self.cfg.l2_hints and not interpreting()
+            _stage_kernel[(rows, t_pad // bg)](
+                a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
+                bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
+                kv, ok, self.s_q, a_pad, t_pad, **flags, BT=bt, BG=bg,
+                LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
+                num_warps=4,
+            )
+            _sparse_decode_staged_kernel[(rows, head_blocks, nsplit)](
+                q2, q2.stride(0), q2.stride(1), kv, ok, a_len, a.topk, b_len, bk.topk,
+                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
+                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads,
+                STAGES=self.num_stages, LOAD_EV="evict_first" if ev else "",
+                num_warps=self.num_warps,
+            )
+        else:
+            kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
+                      "pf": _sparse_decode_pf_kernel}[self.variant]
+            extra = {"PREFETCH": self.cfg.prefetch} if self.variant == "pf" else {}
+            kernel[(rows, self.col_blocks * head_blocks, nsplit)](
+                q2, q2.stride(0), q2.stride(1),
+                a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
+                bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
+                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
+                h, self.s_q, self.qk_scale, **flags, **heads,
+                num_warps=self.num_warps, num_stages=self.num_stages, **extra,
+            )
+        if nsplit > 1:
+            bhc = 16
+            _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
+                o_part, l_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,
+                HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, num_warps=4,
+            )
 
 
 def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]:

@@ -21,10 +21,29 @@ from dsv4_kernels.reference import ref_sparse_decode
 from dsv4_kernels.sparse_decode import DecodeConfig, roofline_bytes_flops, sparse_mla_decode
 
 
-def configs(bsz: int, limits: bool = False) -> list[DecodeConfig]:
+def staged_configs(bsz: int) -> list[DecodeConfig]:
+    def st(**kw: object) -> DecodeConfig:
+        return DecodeConfig(variant="staged", **kw)  # type: ignore[arg-type]
+
+    out = [st(block_t=64, num_stages=2), st(block_t=64, num_stages=2, l2_hints=False),
+           st(block_t=64, num_stages=2, stage_batch=bsz),
+           st(block_t=64, num_stages=2, bf16_partials=False),
+           st(block_t=64, num_stages=2, stage_block=64), st(block_t=32, num_stages=3)]
+    if bsz >= 64:
+        out += [st(block_t=64, num_stages=2, stage_batch=n) for n in (16, 32)]
+    # what fits sm_120's 99 KB (Triton 3.6: 84 KB at BH 64 / BT 16 / 2 stages)
+    out += [st(block_t=16, num_stages=2)]
+    return out
+
+
+def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
+    if only == "staged":
+        return [DecodeConfig(variant="full"), DecodeConfig(variant="pf", block_t=16),
+                *staged_configs(bsz)]
     if limits:  # only what fits sm_120's 99 KB per block (kernels.md 5.2)
         return [DecodeConfig(variant="pf", block_t=16, num_warps=8),
-                DecodeConfig(variant="dsplit", block_t=32)]
+                DecodeConfig(variant="dsplit", block_t=32),
+                DecodeConfig(variant="staged", block_t=16, num_stages=2)]
     out = [DecodeConfig(variant="full"), DecodeConfig(variant="full", bf16_partials=True)]
 
     def pf(**kw: object) -> DecodeConfig:
@@ -49,6 +68,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
+    ap.add_argument("--only", choices=["staged"], help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceil = ceilings(dev)
@@ -72,9 +92,10 @@ def main() -> int:
                       extra_indices_in_kvcache=c.extra_indices, topk_length=c.topk_length,
                       extra_topk_length=c.extra_topk_length)
             rows.append({"cfg": "sglang (b)", "us": timer.graph(lambda bk=bk: base["b"](**bk))})
-        for cfg in configs(bsz, args.limits):
+        for cfg in configs(bsz, args.limits, args.only):
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
-                    f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}")
+                    f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
+                    f" bg={cfg.stage_block} sb={cfg.stage_batch} l2={int(cfg.l2_hints)}")
             try:
                 t0 = time.time()
                 o, lse = sparse_mla_decode(**kw, config=cfg)
@@ -102,7 +123,7 @@ def main() -> int:
         for r in sorted(res["rows"], key=lambda r: r["us"] if r["us"] else 1e9):
             us = r["us"]
             frac = f"{res['roofline_us'] / us:.3f}" if us else "-"
-            print(f"{r['cfg']:<42} {us if us is None else round(us, 1)!s:>8} µs  frac {frac}"
+            print(f"{r['cfg']:<62} {us if us is None else round(us, 1)!s:>8} µs  frac {frac}"
                   f"  ok={r.get('ok', '-')} {r.get('err', '')}")
     return 0
 
