@@ -54,13 +54,44 @@ from .layout import INDEX_DIM, flat_bytes, index_geometry
 
 
 @triton.jit
+def _blk_page(pt_row, j, n, page_size, BN: tl.constexpr, ALIGNED: tl.constexpr):
+    """Page ids of key block ``j`` (one scalar when ``ALIGNED``: the block lies in one page)."""
+    if ALIGNED:
+        page = tl.load(pt_row + (j * BN) // page_size, mask=j * BN < n, other=0)
+    else:
+        pos = j * BN + tl.arange(0, BN)
+        page = tl.load(pt_row + pos // page_size, mask=pos < n, other=0)
+    return page.to(tl.int64)
+
+
+@triton.jit
+def _blk_scale(kv_f32, page, j, n, page_size, page_bytes, BN: tl.constexpr,
+               ALIGNED: tl.constexpr):
+    """The fp32 scales of key block ``j`` (after each page's FP8 keys), 0 past ``n``."""
+    pos = j * BN + tl.arange(0, BN)
+    if ALIGNED:
+        off0 = j * BN - ((j * BN) // page_size) * page_size
+        ptr = kv_f32 + (page * page_bytes + page_size * 128 + off0 * 4) // 4 + tl.arange(0, BN)
+    else:
+        off = pos - (pos // page_size) * page_size
+        ptr = kv_f32 + (page * page_bytes + page_size * 128 + off * 4) // 4
+    return tl.load(ptr, mask=pos < n, other=0.0)
+
+
+@triton.jit
 def _logits_kernel(
     q_ptr, stride_qr, stride_qh, w_ptr, stride_wr,
     kv_u8, kv_f32, page_size, page_bytes,
     pt_ptr, stride_pt, len_ptr, out_ptr, stride_or, max_len, H,
     NSPLIT: tl.constexpr, BN: tl.constexpr, HP: tl.constexpr, CLEAN: tl.constexpr,
-    DOT_F32: tl.constexpr, CONTIG: tl.constexpr,
+    DOT_F32: tl.constexpr, CONTIG: tl.constexpr, ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    """Logits of one row's key blocks ``j_lo, j_lo + j_step, ...`` (see ``indexer_logits``).
+
+    ``PREFETCH``: Triton's pipeliner stages the key tiles (cp.async, they feed the dot) but not
+    the scales, whose page-id load and dependent scale load then sit un-overlapped in every
+    iteration (Triton 3.6 TTGIR: both are plain ``tt.load`` in the loop body). With it, the
+    scales are loaded one block ahead and their page ids two blocks ahead, in registers."""
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = tl.load(len_ptr + r)
@@ -87,19 +118,39 @@ def _logits_kernel(
         j_lo = sp
         j_hi = nblk
         j_step = NSPLIT
+    if PREFETCH:
+        sc_nx = _blk_scale(kv_f32, _blk_page(pt_row, j_lo, n, page_size, BN, ALIGNED), j_lo, n,
+                           page_size, page_bytes, BN, ALIGNED)
+        pg_nx = _blk_page(pt_row, j_lo + j_step, n, page_size, BN, ALIGNED)
     for j in range(j_lo, j_hi, j_step):
         pos = j * BN + tl.arange(0, BN)
         pm = pos < n
-        lp = pos // page_size
-        off = pos - lp * page_size
-        page = tl.load(pt_row + lp, mask=pm, other=0).to(tl.int64)
-        kbase = page * page_bytes + off * 128
-        k = tl.load(kv_u8 + kbase[:, None] + dd[None, :], mask=pm[:, None], other=0)
+        if ALIGNED:  # the block lies in one page: one page id, one contiguous [BN, 128] tile
+            lp0 = (j * BN) // page_size
+            off0 = j * BN - lp0 * page_size
+            page0 = tl.load(pt_row + lp0).to(tl.int64)
+            kb = page0 * page_bytes + off0 * 128
+            rr = tl.arange(0, BN)
+            k = tl.load(kv_u8 + kb + rr[:, None] * 128 + dd[None, :], mask=pm[:, None], other=0)
+            if not PREFETCH:
+                sc = tl.load(kv_f32 + (page0 * page_bytes + page_size * 128 + off0 * 4) // 4 + rr,
+                             mask=pm, other=0.0)
+        else:
+            lp = pos // page_size
+            off = pos - lp * page_size
+            page = tl.load(pt_row + lp, mask=pm, other=0).to(tl.int64)
+            kbase = page * page_bytes + off * 128
+            k = tl.load(kv_u8 + kbase[:, None] + dd[None, :], mask=pm[:, None], other=0)
+            if not PREFETCH:
+                sc = tl.load(kv_f32 + (page * page_bytes + page_size * 128 + off * 4) // 4,
+                             mask=pm, other=0.0)
+        if PREFETCH:
+            sc = sc_nx
+            sc_nx = _blk_scale(kv_f32, pg_nx, j + j_step, n, page_size, page_bytes, BN, ALIGNED)
+            pg_nx = _blk_page(pt_row, j + 2 * j_step, n, page_size, BN, ALIGNED)
         k = k.to(tl.float8e4nv, bitcast=True)
         if DOT_F32:
             k = k.to(tl.float32)
-        sc = tl.load(kv_f32 + (page * page_bytes + page_size * 128 + off * 4) // 4, mask=pm,
-                     other=0.0)
         s = tl.dot(k, qt, out_dtype=tl.float32)  # [BN, HP]
         s = tl.maximum(s, 0.0) * w[None, :]
         tl.store(o_row + pos, tl.sum(s, 1) * sc, mask=pm)
@@ -291,18 +342,27 @@ def _select_bin(hist, k_rem, NB: tl.constexpr):
 
 
 @triton.jit
-def _source(l_row, s_pos, start, hi, hi_ld, LIST: tl.constexpr, CH: tl.constexpr):
-    """Chunk ``[start, start + CH)`` of the row (``LIST=False``: position = index) or of the row's
-    candidate list (``LIST=True``: positions from the scratch list, keys gathered from the
-    logits, which are L1/L2-resident by then). Returns (monotone keys, positions, valid).
+def _source(l_row, s_pos, s_key, start, hi, hi_ld, MODE: tl.constexpr, CH: tl.constexpr):
+    """Chunk ``[start, start + CH)`` of a key source. ``MODE`` 0: the row (position = index);
+    1: the row's candidate list (positions from the scratch list, keys gathered from the
+    logits, which are L1/L2-resident by then); 2: a candidate list that also stores the
+    monotone keys (``s_key``), so no dependent gather; 3: as 2, bypassing L1 (``.cg``) for a
+    list that other programs of the same launch wrote. Returns (monotone keys, positions, valid).
 
     Entries ``< hi`` are valid; loads run to ``hi_ld`` (``hi`` rounded up to 4 within the
     buffer), so that their mask is constant over 4 lanes and they vectorise."""
     offs = start + tl.arange(0, CH)
     m = offs < hi
-    if LIST:
+    if MODE == 1:
         pos = tl.load(s_pos + offs, mask=offs < hi_ld, other=0)
         key = _monotone_key(tl.load(l_row + pos, mask=m, other=float("-inf")))
+    elif MODE == 2:
+        pos = tl.load(s_pos + offs, mask=offs < hi_ld, other=0)
+        key = tl.load(s_key + offs, mask=offs < hi_ld, other=0).to(tl.uint32, bitcast=True)
+    elif MODE == 3:  # as 2, from L2: the list was written by other programs of this launch
+        pos = tl.load(s_pos + offs, mask=offs < hi_ld, other=0, cache_modifier=".cg")
+        key = tl.load(s_key + offs, mask=offs < hi_ld, other=0,
+                      cache_modifier=".cg").to(tl.uint32, bitcast=True)
     else:
         pos = offs
         key = _monotone_key(tl.load(l_row + offs, mask=offs < hi_ld, other=float("-inf")))
@@ -315,7 +375,8 @@ def _round4(n, limit):
 
 
 @triton.jit
-def _radix_select(l_row, s_pos, count, limit, K, LIST: tl.constexpr, CH: tl.constexpr):
+def _radix_select(l_row, s_pos, s_key, count, limit, K, MODE: tl.constexpr,
+                  CH: tl.constexpr):
     """Exact threshold of the top ``K`` among ``count`` source keys: up to four 8-bit passes, most
     significant first, stopping as soon as the threshold bin holds exactly the keys still
     needed. Returns ``(prefix, shift, k_rem)``: the top ``32 - shift`` key bits of the threshold,
@@ -336,7 +397,7 @@ def _radix_select(l_row, s_pos, count, limit, K, LIST: tl.constexpr, CH: tl.cons
         if live:
             hist = tl.zeros([256], tl.int32)
             for start in range(0, count, CH):
-                key, _pos, m = _source(l_row, s_pos, start, count, count_ld, LIST, CH)
+                key, _pos, m = _source(l_row, s_pos, s_key, start, count, count_ld, MODE, CH)
                 if p == 0:  # noqa: SIM108 (static branch: no 32-bit shift is built)
                     match = m
                 else:
@@ -352,8 +413,9 @@ def _radix_select(l_row, s_pos, count, limit, K, LIST: tl.constexpr, CH: tl.cons
 
 
 @triton.jit
-def _write_selected(l_row, s_pos, count, limit, prefix, shift, k_rem, pt_row, page_size,
-                    o_row, raw_row, WRITE_RAW: tl.constexpr, LIST: tl.constexpr, CH: tl.constexpr):
+def _write_selected(l_row, s_pos, s_key, count, limit, prefix, shift, k_rem, pt_row, page_size,
+                    o_row, raw_row, WRITE_RAW: tl.constexpr, MODE: tl.constexpr,
+                    CH: tl.constexpr):
     """Compact the selected source entries, in source (= position) order, into the outputs:
     top bits above ``prefix``, and the first ``k_rem`` equal to it."""
     sh = shift.to(tl.uint32)
@@ -361,11 +423,27 @@ def _write_selected(l_row, s_pos, count, limit, prefix, shift, k_rem, pt_row, pa
     cnt_eq = tl.zeros([], tl.int32)
     count_ld = _round4(count, limit)
     for start in range(0, count, CH):
-        key, pos, m = _source(l_row, s_pos, start, count, count_ld, LIST, CH)
+        key, pos, m = _source(l_row, s_pos, s_key, start, count, count_ld, MODE, CH)
         top = key >> sh
         cnt_sel, cnt_eq = _emit_selected(m & (top > prefix), m & (top == prefix), pos, cnt_sel,
                                          cnt_eq, k_rem, pt_row, page_size, o_row, raw_row,
                                          WRITE_RAW)
+
+
+@triton.jit
+def _window_base(l_row, n, SAMPLE: tl.constexpr, MSH: tl.constexpr, ANCHOR: tl.constexpr):
+    """Window offset of the digit: the top bits (``key >> MSH``) of the largest of ``SAMPLE``
+    strided keys of the row ``[0, n)``, minus ``ANCHOR``; a pure function of the row, so every
+    program of a row computes the same value."""
+    smp = (tl.arange(0, SAMPLE).to(tl.int64) * n // SAMPLE).to(tl.int32)
+    anchor = tl.max(_monotone_key(tl.load(l_row + smp)), 0)
+    return (anchor >> MSH).to(tl.int32) - ANCHOR
+
+
+@triton.jit
+def _window_digit(key, base, NB: tl.constexpr, MSH: tl.constexpr):
+    """Monotone windowed digit ``clamp((key >> MSH) - base, 0, NB - 1)``."""
+    return tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
 
 
 @triton.jit
@@ -398,14 +476,12 @@ def _topk_row_kernel(
         use_list = n < 0  # False, as a device value
         if n > DIRECT:
             # pass A: windowed histogram, anchored on a strided sample's maximum
-            smp = (tl.arange(0, CH).to(tl.int64) * n // CH).to(tl.int32)
-            anchor = tl.max(_monotone_key(tl.load(l_row + smp)), 0)
-            base = (anchor >> MSH).to(tl.int32) - ANCHOR
+            base = _window_base(l_row, n, CH, MSH, ANCHOR)
             hist = tl.zeros([NB], tl.int32)
             n_ld = _round4(n, max_len)
             for start in range(0, n, CH):
-                key, _pos, m = _source(l_row, s_pos, start, n, n_ld, False, CH)
-                d = tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
+                key, _pos, m = _source(l_row, s_pos, s_pos, start, n, n_ld, 0, CH)
+                d = _window_digit(key, base, NB, MSH)
                 hist += tl.histogram(tl.where(m, d, 0), NB)
             bins = tl.arange(0, NB)
             hist = tl.where(bins == 0, hist - (tl.cdiv(n, CH) * CH - n), hist)
@@ -415,8 +491,8 @@ def _topk_row_kernel(
                 # pass B: the candidate list (digit >= sel), in position order
                 at = tl.zeros([], tl.int32)
                 for start in range(0, n, CH):
-                    key, pos, m = _source(l_row, s_pos, start, n, n_ld, False, CH)
-                    d = tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
+                    key, pos, m = _source(l_row, s_pos, s_pos, start, n, n_ld, 0, CH)
+                    d = _window_digit(key, base, NB, MSH)
                     keep = m & (d >= sel)
                     keep_i = keep.to(tl.int32)
                     dst = at + tl.cumsum(keep_i, 0) - keep_i
@@ -426,13 +502,258 @@ def _topk_row_kernel(
                 use_list = n_list >= 0  # True
                 tl.debug_barrier()  # the list is written and read by different threads
         if use_list:
-            prefix, shift, k_rem = _radix_select(l_row, s_pos, count, CAP, K, True, CH)
-            _write_selected(l_row, s_pos, count, CAP, prefix, shift, k_rem, pt_row,
-                            page_size, o_row, raw_row, WRITE_RAW, True, CH)
+            prefix, shift, k_rem = _radix_select(l_row, s_pos, s_pos, count, CAP, K, 1, CH)
+            _write_selected(l_row, s_pos, s_pos, count, CAP, prefix, shift, k_rem, pt_row,
+                            page_size, o_row, raw_row, WRITE_RAW, 1, CH)
         else:
-            prefix, shift, k_rem = _radix_select(l_row, s_pos, count, max_len, K, False, CH)
-            _write_selected(l_row, s_pos, count, max_len, prefix, shift, k_rem, pt_row,
-                            page_size, o_row, raw_row, WRITE_RAW, False, CH)
+            prefix, shift, k_rem = _radix_select(l_row, s_pos, s_pos, count, max_len, K, 0, CH)
+            _write_selected(l_row, s_pos, s_pos, count, max_len, prefix, shift, k_rem, pt_row,
+                            page_size, o_row, raw_row, WRITE_RAW, 0, CH)
+
+
+# ---------------------------------------------------------------------------------------------
+# Three-launch top-k ("radix3"): the row scans split over several programs per row.
+
+
+@triton.jit
+def _split_hist_kernel(
+    logit_ptr, stride_lr, len_ptr, hist_ptr, base_ptr, cnt_ptr, max_len,
+    CH: tl.constexpr, SAMPLE: tl.constexpr, NB: tl.constexpr, MSH: tl.constexpr,
+    ANCHOR: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
+):
+    """radix3 launch A, program ``(row, p)``: the windowed-digit histogram of chunk ``p`` of a row
+    longer than ``DIRECT``, stored (not added) at ``hist[row, p]``, so no buffer needs zeroing.
+    Every program derives the same window from the same strided sample; program 0 stores it
+    and zeroes the row's arrival counter (used when B and C are fused)."""
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    if sp == 0:
+        tl.store(cnt_ptr + r, 0)
+    if n > DIRECT:
+        l_row = logit_ptr + r.to(tl.int64) * stride_lr
+        base = _window_base(l_row, n, SAMPLE, MSH, ANCHOR)
+        if sp == 0:
+            tl.store(base_ptr + r, base)
+        lo, hi = _chunk_bounds(n, sp, P, CH)
+        hi_ld = _round4(hi, max_len)
+        hist = tl.zeros([NB], tl.int32)
+        for start in range(lo, hi, CH):
+            key, _pos, m = _source(l_row, l_row, l_row, start, hi, hi_ld, 0, CH)
+            hist += tl.histogram(tl.where(m, _window_digit(key, base, NB, MSH), 0), NB)
+        bins = tl.arange(0, NB)
+        masked = tl.cdiv(tl.maximum(hi - lo, 0), CH) * CH - tl.maximum(hi - lo, 0)
+        hist = tl.where(bins == 0, hist - masked, hist)
+        tl.store(hist_ptr + (r * P + sp).to(tl.int64) * NB + bins, hist)
+
+
+@triton.jit
+def _split_threshold(hist_ptr, r, K: tl.constexpr, NB: tl.constexpr, P: tl.constexpr):
+    """Threshold bin of a row from its ``P`` chunk histograms. Returns (per-chunk histograms
+    ``[P, NB]``, threshold bin, keys still needed from it, its population, list length)."""
+    progs = tl.arange(0, P)
+    bins = tl.arange(0, NB)
+    lh = tl.load(hist_ptr + (r * P + progs[:, None]).to(tl.int64) * NB + bins[None, :])
+    sel, k_rem, n_sel = _select_bin(tl.sum(lh, 0), K, NB)
+    return lh, sel, k_rem, n_sel, K - k_rem + n_sel
+
+
+@triton.jit
+def _compact_chunk(l_row, s_pos, s_key, lh, sel, base, n, sp, max_len, NB: tl.constexpr,
+                   MSH: tl.constexpr, P: tl.constexpr, CH: tl.constexpr):
+    """Copy chunk ``sp``'s keys of digit >= ``sel`` (positions and monotone keys) into the row's
+    list, in position order, after the entries of chunks ``< sp`` (their number is read off
+    the chunk histograms ``lh``): the list is in position order without atomics."""
+    progs = tl.arange(0, P)
+    bins = tl.arange(0, NB)
+    per_chunk = tl.sum(tl.where(bins[None, :] >= sel, lh, 0), 1)
+    at = tl.sum(tl.where(progs < sp, per_chunk, 0), 0)
+    lo, hi = _chunk_bounds(n, sp, P, CH)
+    hi_ld = _round4(hi, max_len)
+    for start in range(lo, hi, CH):
+        key, pos, m = _source(l_row, l_row, l_row, start, hi, hi_ld, 0, CH)
+        keep = m & (_window_digit(key, base, NB, MSH) >= sel)
+        keep_i = keep.to(tl.int32)
+        dst = at + tl.cumsum(keep_i, 0) - keep_i
+        tl.store(s_pos + dst, pos, mask=keep)
+        tl.store(s_key + dst, key.to(tl.int32, bitcast=True), mask=keep)
+        at += tl.sum(keep_i, 0)
+
+
+@triton.jit
+def _split_compact_kernel(
+    logit_ptr, stride_lr, len_ptr, hist_ptr, base_ptr, lpos_ptr, lkey_ptr, max_len,
+    K: tl.constexpr, CH: tl.constexpr, CAP: tl.constexpr, NB: tl.constexpr,
+    MSH: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
+):
+    """radix3 launch B, program ``(row, p)``: ``_compact_chunk`` of chunk ``p`` into the row's
+    list, skipped when the list would exceed ``CAP`` (launch C then works on the row)."""
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    if n > DIRECT:
+        lh, sel, _k_rem, _n_sel, n_list = _split_threshold(hist_ptr, r, K, NB, P)
+        if n_list <= CAP:
+            _compact_chunk(logit_ptr + r.to(tl.int64) * stride_lr,
+                           lpos_ptr + r.to(tl.int64) * CAP, lkey_ptr + r.to(tl.int64) * CAP,
+                           lh, sel, tl.load(base_ptr + r), n, sp, max_len, NB, MSH, P, CH)
+
+
+@triton.jit
+def _below_pass(s_key, count, count_ld, n_proc, prefix, k_rem, n_match,
+                S_HI: tl.constexpr, SH: tl.constexpr, MODE: tl.constexpr, CH: tl.constexpr):
+    """One radix pass of ``_radix_select_below`` over key bits ``[SH, S_HI)`` of the list keys
+    whose bits from ``S_HI`` up equal ``prefix``. Returns (prefix, k_rem, n_match) updated."""
+    NBW: tl.constexpr = 1 << (S_HI - SH)
+    hist = tl.zeros([NBW], tl.int32)
+    for start in range(0, count, CH):
+        key, _pos, m = _source(s_key, s_key, s_key, start, count, count_ld, MODE, CH)
+        match = m & ((key >> S_HI) == prefix)
+        digit = tl.where(match, (key >> SH) & (NBW - 1), 0).to(tl.int32)
+        hist += tl.histogram(digit, NBW)
+    bins = tl.arange(0, NBW)
+    hist = tl.where(bins == 0, hist - (n_proc - n_match), hist)
+    sel, k_rem, n_match = _select_bin(hist, k_rem, NBW)
+    return (prefix << (S_HI - SH)) | sel.to(tl.uint32), k_rem, n_match
+
+
+@triton.jit
+def _radix_select_below(s_key, count, limit, prefix, k_rem, n_match, MSH: tl.constexpr,
+                        MODE: tl.constexpr, CH: tl.constexpr):
+    """``_radix_select`` on a stored-key list whose threshold is known to start with the
+    ``32 - MSH`` bits ``prefix`` (``n_match`` list keys share them, ``k_rem`` of those are
+    needed): only the ``MSH`` bits below remain, in byte-aligned passes (the first takes the
+    bits above the highest byte boundary below ``MSH``), stopping as in ``_radix_select``."""
+    TOP: tl.constexpr = 8 * ((MSH - 1) // 8)
+    n_proc = tl.cdiv(count, CH) * CH
+    count_ld = _round4(count, limit)
+    shift = tl.full([], MSH, tl.int32)
+    live = n_match != k_rem
+    if live:
+        prefix, k_rem, n_match = _below_pass(s_key, count, count_ld, n_proc, prefix, k_rem,
+                                             n_match, MSH, TOP, MODE, CH)
+        shift = tl.full([], TOP, tl.int32)
+        live = n_match != k_rem
+    for p in tl.static_range(TOP // 8):
+        if live:
+            prefix, k_rem, n_match = _below_pass(s_key, count, count_ld, n_proc, prefix, k_rem,
+                                                 n_match, TOP - 8 * p, TOP - 8 * p - 8, MODE,
+                                                 CH)
+            shift = tl.full([], TOP - 8 * p - 8, tl.int32)
+            live = n_match != k_rem
+    return prefix, shift, k_rem
+
+
+@triton.jit
+def _select_list(l_row, s_pos, s_key, count, sel, k_rem, n_sel, base, pt_row, page_size,
+                 o_row, raw_row, K: tl.constexpr, CAP: tl.constexpr, NB: tl.constexpr,
+                 MSH: tl.constexpr, WRITE_RAW: tl.constexpr, MODE: tl.constexpr,
+                 CH: tl.constexpr):
+    """Exact select and write on a row's candidate list (``count`` entries in position order
+    holding every key of digit >= ``sel``). When ``sel`` is not a clamped edge bin, its keys
+    share their top ``32 - MSH`` bits (``base + sel``), so the select starts below them (at
+    most ``ceil(MSH / 8)`` passes over the list, not four)."""
+    if (sel > 0) & (sel < NB - 1):
+        prefix, shift, k_rem = _radix_select_below(s_key, count, CAP, (base + sel).to(tl.uint32),
+                                                   k_rem, n_sel, MSH, MODE, CH)
+    else:
+        prefix, shift, k_rem = _radix_select(l_row, s_pos, s_key, count, CAP, K, MODE, CH)
+    _write_selected(l_row, s_pos, s_key, count, CAP, prefix, shift, k_rem, pt_row, page_size,
+                    o_row, raw_row, WRITE_RAW, MODE, CH)
+
+
+@triton.jit
+def _select_row(l_row, n, max_len, pt_row, page_size, o_row, raw_row, K: tl.constexpr,
+                WRITE_RAW: tl.constexpr, CH: tl.constexpr):
+    """Exact select and write on the row itself (short rows, lists over the cap)."""
+    prefix, shift, k_rem = _radix_select(l_row, l_row, l_row, n, max_len, K, 0, CH)
+    _write_selected(l_row, l_row, l_row, n, max_len, prefix, shift, k_rem, pt_row, page_size,
+                    o_row, raw_row, WRITE_RAW, 0, CH)
+
+
+@triton.jit
+def _split_select_kernel(
+    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, hist_ptr, base_ptr,
+    lpos_ptr, lkey_ptr, out_ptr, stride_or, raw_ptr, stride_rr, max_len,
+    K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CAP: tl.constexpr,
+    NB: tl.constexpr, MSH: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
+    WRITE_RAW: tl.constexpr,
+):
+    """radix3 launch C, one program per row: the exact select and the write on the row's list
+    (``_select_list``), or, for rows up to ``DIRECT`` keys and lists over ``CAP``, on the row
+    itself, as radix1."""
+    r = tl.program_id(0)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
+    o_row = out_ptr + r.to(tl.int64) * stride_or
+    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    l_row = logit_ptr + r.to(tl.int64) * stride_lr
+    if n <= K:
+        _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
+    else:
+        use_list = n < 0  # False, as a device value
+        count = n
+        sel = tl.zeros([], tl.int32)
+        k_rem = tl.zeros([], tl.int32)
+        n_sel = tl.zeros([], tl.int32)
+        if n > DIRECT:
+            _lh, sel, k_rem, n_sel, n_list = _split_threshold(hist_ptr, r, K, NB, P)
+            if n_list <= CAP:
+                use_list = n_list >= 0  # True
+                count = n_list
+        if use_list:
+            _select_list(l_row, lpos_ptr + r.to(tl.int64) * CAP, lkey_ptr + r.to(tl.int64) * CAP,
+                         count, sel, k_rem, n_sel, tl.load(base_ptr + r), pt_row, page_size,
+                         o_row, raw_row, K, CAP, NB, MSH, WRITE_RAW, 2, CH)
+        else:
+            _select_row(l_row, count, max_len, pt_row, page_size, o_row, raw_row, K, WRITE_RAW,
+                        CH)
+
+
+@triton.jit
+def _split_compact_select_kernel(
+    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, hist_ptr, base_ptr, cnt_ptr,
+    lpos_ptr, lkey_ptr, out_ptr, stride_or, raw_ptr, stride_rr, max_len,
+    K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, SCH: tl.constexpr, CAP: tl.constexpr,
+    NB: tl.constexpr, MSH: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
+    WRITE_RAW: tl.constexpr,
+):
+    """radix3 launches B and C fused (``fuse=True``): each program compacts its chunk, then
+    counts itself in on the row's arrival counter (zeroed by launch A); the last of the row's
+    ``P`` programs runs the select on the finished list, so no third launch is needed.
+
+    Ordering (the pattern of CUTLASS's ``Semaphore``): a CTA barrier after the list stores,
+    then one thread's ``acq_rel`` atomic at GPU scope; the last program reads the list through
+    L2 (``.cg``). Rows that need no list are done by program 0 alone."""
+    r = tl.program_id(0)
+    sp = tl.program_id(1)
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
+    o_row = out_ptr + r.to(tl.int64) * stride_or
+    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    l_row = logit_ptr + r.to(tl.int64) * stride_lr
+    if n <= K:
+        if sp == 0:
+            _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
+    elif n <= DIRECT:
+        if sp == 0:
+            _select_row(l_row, n, max_len, pt_row, page_size, o_row, raw_row, K, WRITE_RAW, SCH)
+    else:
+        lh, sel, k_rem, n_sel, n_list = _split_threshold(hist_ptr, r, K, NB, P)
+        if n_list > CAP:
+            if sp == 0:
+                _select_row(l_row, n, max_len, pt_row, page_size, o_row, raw_row, K, WRITE_RAW,
+                            SCH)
+        else:
+            base = tl.load(base_ptr + r)
+            s_pos = lpos_ptr + r.to(tl.int64) * CAP
+            s_key = lkey_ptr + r.to(tl.int64) * CAP
+            _compact_chunk(l_row, s_pos, s_key, lh, sel, base, n, sp, max_len, NB, MSH, P, CH)
+            tl.debug_barrier()  # every thread's list stores precede the release below
+            done = tl.atomic_add(cnt_ptr + r, 1, sem="acq_rel", scope="gpu")
+            if done == P - 1:
+                _select_list(l_row, s_pos, s_key, n_list, sel, k_rem, n_sel, base, pt_row,
+                             page_size, o_row, raw_row, K, CAP, NB, MSH, WRITE_RAW, 3, SCH)
 
 
 def _rows_lens(seq_lens: torch.Tensor, rows: int) -> torch.Tensor:
@@ -461,6 +782,8 @@ def indexer_logits(
     num_warps: int = 4,
     num_stages: int = 5,  # H200 sweep (NOTES.md v4): 5 stages 110 µs vs 3 stages 129 µs at 128K
     contiguous: bool = False,
+    aligned: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """Logits ``[rows, max_len]`` fp32; only ``[:, :len]`` is written unless ``clean``.
 
@@ -468,7 +791,10 @@ def indexer_logits(
     ``weights`` ``[rows, H]`` fp32 (q scale folded in); ``page_table`` ``[rows, max_pages]`` int32.
     Tunables (for sweeps; results do not depend on them): ``nsplit`` programs per row,
     ``block_n`` keys per step, ``num_warps``/``num_stages``, and ``contiguous`` (each program
-    walks one contiguous run of blocks instead of every ``nsplit``-th block).
+    walks one contiguous run of blocks instead of every ``nsplit``-th block), ``aligned``
+    (when ``block_n`` divides the page size: one page-table load and one contiguous tile per
+    block instead of per-key addresses; ignored otherwise) and ``prefetch`` (scales loaded a
+    block ahead in registers; see ``_logits_kernel``).
     """
     if q_fp8.dim() == 4:
         if q_fp8.shape[1] != 1:
@@ -500,12 +826,13 @@ def indexer_logits(
         flat, flat.view(torch.float32), page_size, page_bytes,
         page_table, page_table.stride(0), lens, out, out.stride(0), max_len, h,
         NSPLIT=nsplit, BN=block_n, HP=hp, CLEAN=clean, DOT_F32=interpreting(), CONTIG=contiguous,
+        ALIGNED=aligned and page_size % block_n == 0, PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
 
-TOPK_METHODS = ("auto", "radix1", "radix6")
+TOPK_METHODS = ("auto", "radix1", "radix3", "radix6")
 
 
 def indexer_topk(
@@ -524,6 +851,9 @@ def indexer_topk(
     direct: int = 4096,
     hist_bits: int = 7,  # H200 sweep (NOTES.md v4): 7/2 61 µs vs 8/3 70 µs at 128K, B=64
     mant_bits: int = 2,
+    sel_block: int | None = None,
+    sel_warps: int | None = None,
+    fuse: bool = False,
 ) -> torch.Tensor:
     """Top-``topk`` slots per row over ``logits[:, :len]`` with the page-to-slot transform.
 
@@ -557,6 +887,13 @@ def indexer_topk(
         _topk_radix1(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
                      max_len, block or 2048, num_warps or 16, cap, direct, hist_bits, mant_bits)
         return out
+    if method == "radix3":
+        if nprog is None:
+            nprog = _pow2_floor(max(1, 4 * device_sms(logits) // rows))
+        _topk_radix3(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
+                     max_len, nprog, block or 2048, num_warps or 8, sel_block or 2048,
+                     sel_warps or 16, cap, direct, hist_bits, mant_bits, fuse)
+        return out
     block = block or 2048
     if nprog is None:
         nprog = max(1, min(32, triton.next_power_of_2(max(1, 2 * device_sms(logits) // rows))))
@@ -584,6 +921,24 @@ def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
                  max_len: int, block: int, num_warps: int, cap: int, direct: int, hist_bits: int,
                  mant_bits: int) -> None:
     """Launch the one-program-per-row top-k (checks its tunables first)."""
+    nb, msh, anchor = _window_consts(topk, block, cap, hist_bits, mant_bits)
+    rows = logits.shape[0]
+    scratch = torch.empty(rows, cap, dtype=torch.int32, device=logits.device)
+    _topk_row_kernel[(rows,)](
+        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, scratch,
+        out, out.stride(0), raw, raw.stride(0), max_len,
+        K=topk, KP=triton.next_power_of_2(topk), CH=block, CAP=cap, DIRECT=max(direct, topk),
+        NB=nb, MSH=msh, ANCHOR=anchor, WRITE_RAW=write_raw, num_warps=num_warps,
+    )
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def _window_consts(topk: int, block: int, cap: int, hist_bits: int, mant_bits: int
+                   ) -> tuple[int, int, int]:
+    """Check the windowed-digit tunables; returns (bins, mantissa shift, anchor bin)."""
     if block & (block - 1) or block < 32:
         raise ValueError(f"block must be a power of two >= 32, got {block}")
     if not 5 <= hist_bits <= 10:
@@ -594,14 +949,57 @@ def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
         raise ValueError(f"cap ({cap}) must be at least topk ({topk})")
     nb = 1 << hist_bits
     # two exponents (2 << mant_bits bins) of headroom above the sampled maximum
-    anchor = max(0, nb - 1 - (2 << mant_bits))
-    rows = logits.shape[0]
-    scratch = torch.empty(rows, cap, dtype=torch.int32, device=logits.device)
-    _topk_row_kernel[(rows,)](
-        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, scratch,
-        out, out.stride(0), raw, raw.stride(0), max_len,
-        K=topk, KP=triton.next_power_of_2(topk), CH=block, CAP=cap, DIRECT=max(direct, topk),
-        NB=nb, MSH=23 - mant_bits, ANCHOR=anchor, WRITE_RAW=write_raw, num_warps=num_warps,
+    return nb, 23 - mant_bits, max(0, nb - 1 - (2 << mant_bits))
+
+
+def _topk_radix3(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
+                 page_size: int, topk: int, out: torch.Tensor, raw: torch.Tensor, write_raw: bool,
+                 max_len: int, nprog: int, block: int, num_warps: int, sel_block: int,
+                 sel_warps: int, cap: int, direct: int, hist_bits: int, mant_bits: int,
+                 fuse: bool, stages: int = 3) -> None:
+    """Launch the split top-k: chunk histograms (A) and the list compaction (B) on ``nprog``
+    programs per row, then the select on the list (C) with one program per row, or, with
+    ``fuse``, in the last of the row's B programs. ``stages`` < 3 stops early (the sweep's
+    per-launch breakdown; the output is then incomplete)."""
+    if nprog < 1 or nprog & (nprog - 1):
+        raise ValueError(f"nprog must be a power of two, got {nprog}")
+    nb, msh, anchor = _window_consts(topk, block, cap, hist_bits, mant_bits)
+    _window_consts(topk, sel_block, cap, hist_bits, mant_bits)
+    rows, dev = logits.shape[0], logits.device
+    direct = max(direct, topk)
+    hist = torch.empty(rows, nprog, nb, dtype=torch.int32, device=dev)
+    base = torch.empty(rows, dtype=torch.int32, device=dev)
+    cnt = torch.empty(rows, dtype=torch.int32, device=dev)
+    lpos = torch.empty(rows, cap, dtype=torch.int32, device=dev)
+    lkey = torch.empty(rows, cap, dtype=torch.int32, device=dev)
+    grid = (rows, nprog)
+    kp = triton.next_power_of_2(topk)
+    _split_hist_kernel[grid](
+        logits, logits.stride(0), lens, hist, base, cnt, max_len,
+        CH=block, SAMPLE=2048, NB=nb, MSH=msh, ANCHOR=anchor, DIRECT=direct, P=nprog,
+        num_warps=num_warps,
+    )
+    if stages < 2:
+        return
+    if fuse:
+        _split_compact_select_kernel[grid](
+            logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist,
+            base, cnt, lpos, lkey, out, out.stride(0), raw, raw.stride(0), max_len,
+            K=topk, KP=kp, CH=block, SCH=sel_block, CAP=cap, NB=nb, MSH=msh, DIRECT=direct,
+            P=nprog, WRITE_RAW=write_raw, num_warps=num_warps,
+        )
+        return
+    _split_compact_kernel[grid](
+        logits, logits.stride(0), lens, hist, base, lpos, lkey, max_len,
+        K=topk, CH=block, CAP=cap, NB=nb, MSH=msh, DIRECT=direct, P=nprog, num_warps=num_warps,
+    )
+    if stages < 3:
+        return
+    _split_select_kernel[(rows,)](
+        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist, base,
+        lpos, lkey, out, out.stride(0), raw, raw.stride(0), max_len,
+        K=topk, KP=kp, CH=sel_block, CAP=cap, NB=nb, MSH=msh,
+        DIRECT=direct, P=nprog, WRITE_RAW=write_raw, num_warps=sel_warps,
     )
 
 

@@ -1,18 +1,18 @@
 """Device sweep of the DSA indexer: top-k methods and logits tunables at the 128K acceptance point.
 
-``python -m dsv4_kernels.indexer_sweep`` (one GPU, about 2 minutes including compiles) builds the
+``python -m dsv4_kernels.indexer_sweep`` (one GPU, a few minutes including compiles) builds the
 bench's indexer case (B=64, 64 heads, C4 keys = ctx / 4, page 64, top-512, max context 1M; the
 same pool, seeds and Timer as ``bench.bench_indexer``), then prints one table:
 
-* top-k at 128K (32768 keys per row): the old six-launch ``radix6`` and the one-launch
-  ``radix1`` under a few tunables, each checked bit for bit against ``radix6`` (the shipped
-  result) and by ``check_topk`` against ``torch.topk`` on a few rows;
+* top-k at 128K (32768 keys per row): the six-launch ``radix6``, the one-launch ``radix1`` and
+  the split ``radix3`` under a few tunables, each checked bit for bit against ``radix6`` and by
+  ``check_topk`` against ``torch.topk`` on a few rows, plus radix3's per-launch breakdown;
 * top-k on tie-heavy logits (the 128K logits rounded to quarters) and at B=8 with 1M-token rows
   (262144 keys, random logits), where one program per row has the least parallelism;
-* logits configurations at 128K, each compared with the default output (and the default with
-  the fp32 reference on four rows);
-* logits + top-k with the package defaults at 128K@1M, 4K@1M and 4K@4K through
-  ``bench._indexer_point`` (the bench's own measurement, graph replays with a flushed L2).
+* logits configurations at 128K, each judged against the fp32 reference;
+* logits + top-k at 128K@1M, 64K@1M, 4K@1M and 4K@4K for each top-k method side by side, timed
+  as ``bench._indexer_point`` times them (graph replays of logits then top-k, L2 flushed; the
+  top-k share is the difference to the logits alone).
 
 A variant that fails to compile or run prints ``fail: <reason>`` and the rest continue. Exit
 status: 0 when every variant that ran was correct, 1 otherwise, 2 without a GPU.
@@ -27,41 +27,54 @@ from typing import Any
 
 import torch
 
-from .bench import Timer, _index_pool, _indexer_point, ceilings
+from .bench import Timer, _index_pool, ceilings
 from .cases import check_topk
-from .indexer import indexer_logits, indexer_topk
+from .indexer import _topk_radix3, indexer_logits, indexer_topk
 from .layout import INDEX_BYTES_PER_TOKEN
 from .reference import ref_indexer_logits
 
 BATCH, HEADS, PAGE, TOPK, RATIO, MAX_CTX = 64, 64, 64, 512, 4, 2**20
 
+R3 = "radix3"
 TOPK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("radix6 block=2048 (old default)", dict(method="radix6")),
-    ("radix6 block=4096 nprog=4", dict(method="radix6", block=4096, nprog=4)),
     ("radix1 default (block 2048, 16 warps)", dict(method="radix1")),
-    ("radix1 block=4096 warps=16", dict(method="radix1", block=4096, num_warps=16)),
-    ("radix1 block=4096 warps=32", dict(method="radix1", block=4096, num_warps=32)),
-    ("radix1 block=2048 warps=8", dict(method="radix1", block=2048, num_warps=8)),
-    ("radix1 block=1024 warps=32", dict(method="radix1", block=1024, num_warps=32)),
-    ("radix1 hist_bits=7 mant_bits=2", dict(method="radix1", hist_bits=7, mant_bits=2)),
-    ("radix1 hist_bits=9 mant_bits=4", dict(method="radix1", hist_bits=9, mant_bits=4)),
-    ("radix1 no window (4 passes on the row)", dict(method="radix1", direct=1 << 30)),
+    ("radix3 default", dict(method=R3)),
+    ("radix3 fuse (B+C in one launch)", dict(method=R3, fuse=True)),
+    ("radix3 nprog=4", dict(method=R3, nprog=4)),
+    ("radix3 nprog=16", dict(method=R3, nprog=16)),
+    ("radix3 nprog=16 block=1024 warps=4", dict(method=R3, nprog=16, block=1024, num_warps=4)),
+    ("radix3 block=1024 warps=4", dict(method=R3, block=1024, num_warps=4)),
+    ("radix3 block=4096 warps=16", dict(method=R3, block=4096, num_warps=16)),
+    ("radix3 sel_warps=8", dict(method=R3, sel_warps=8)),
+    ("radix3 sel_block=1024 sel_warps=4", dict(method=R3, sel_block=1024, sel_warps=4)),
+    ("radix3 hist_bits=8 mant_bits=3", dict(method=R3, hist_bits=8, mant_bits=3)),
+    ("radix3 fuse nprog=16 block=1024 warps=4",
+     dict(method=R3, fuse=True, nprog=16, block=1024, num_warps=4)),
 ]
 
-# (num_warps, num_stages, block_n, nsplit, contiguous); the first is the shipped default
-LOGITS_VARIANTS: list[tuple[int, int, int, int | None, bool]] = [
-    # (num_warps, num_stages, block_n, nsplit, contiguous); run 8 picked 5 stages (NOTES.md v4)
-    (4, 5, 64, None, False),
-    (4, 6, 64, None, False),
-    (4, 7, 64, None, False),
-    (4, 8, 64, None, False),
-    (4, 5, 64, 6, False),
-    (4, 5, 64, 4, False),
-    (4, 6, 64, None, True),
-    (4, 8, 32, None, False),
-    (4, 6, 128, None, False),
-    (8, 6, 64, None, False),
-    (4, 5, 64, 12, False),
+# the top-k methods timed side by side at each (context, maximum context) point
+POINT_METHODS: list[tuple[str, dict[str, Any]]] = [
+    ("radix1", dict(method="radix1")),
+    ("radix3", dict(method=R3)),
+    ("radix3 fuse", dict(method=R3, fuse=True)),
+    ("auto", dict(method="auto")),
+]
+
+# logits settings (keywords of indexer_logits); the first is the package default. Run 11
+# (NOTES.md v4) covered stages 5-8, nsplit 4-12, contiguous, block_n 32/128 and 8 warps.
+LOGITS_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("default", {}),
+    ("prefetch", dict(prefetch=True)),
+    ("aligned", dict(aligned=True)),
+    ("aligned prefetch", dict(aligned=True, prefetch=True)),
+    ("aligned prefetch stages=3", dict(aligned=True, prefetch=True, num_stages=3)),
+    ("aligned prefetch stages=8", dict(aligned=True, prefetch=True, num_stages=8)),
+    ("prefetch stages=8", dict(prefetch=True, num_stages=8)),
+    ("aligned prefetch nsplit=16", dict(aligned=True, prefetch=True, nsplit=16)),
+    ("aligned prefetch nsplit=4", dict(aligned=True, prefetch=True, nsplit=4)),
+    ("aligned prefetch contiguous", dict(aligned=True, prefetch=True, contiguous=True)),
+    ("aligned prefetch warps=8", dict(aligned=True, prefetch=True, num_warps=8)),
 ]
 
 
@@ -114,6 +127,72 @@ def _time_topk(sw: Sweep, timer: Timer, section: str, logits: torch.Tensor, lens
         torch.cuda.empty_cache()
 
 
+def _radix3_breakdown(sw: Sweep, timer: Timer, logits: torch.Tensor, lens: torch.Tensor,
+                      pt: torch.Tensor) -> None:
+    """radix3 (defaults, unfused) stopped after launch A, after B, and whole: the share of each
+    launch (the stopped runs write no output)."""
+    from ._runtime import device_sms
+
+    rows, max_len = logits.shape
+    nprog = 1 << (max(1, 4 * device_sms(logits) // rows).bit_length() - 1)
+    out = torch.empty(rows, TOPK, dtype=torch.int32, device=logits.device)
+    for stages in (1, 2, 3):
+        try:
+            t = timer.graph(lambda stages=stages: _topk_radix3(
+                logits, lens, pt, PAGE, TOPK, out, out, False, max_len, nprog, 2048, 8, 2048, 16,
+                4096, 4096, 7, 2, False, stages))
+            sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", t, None)
+        except Exception as exc:
+            sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", None, None, _fail(exc))
+
+
+def _time_point(sw: Sweep, timer: Timer, ceil: dict[str, float], setup: dict[str, Any], ctx: int,
+                max_ctx: int) -> None:
+    """Logits + top-k at one point for every method in ``POINT_METHODS`` (as ``bench``'s
+    ``_indexer_point``: the top-k share is the total minus the logits alone)."""
+    q, w, cache, used_pt = setup["q"], setup["w"], setup["cache"], setup["used_pt"]
+    device = q.device
+    n, mk = ctx // RATIO, max_ctx // RATIO
+    pt = torch.zeros(BATCH, -(-mk // PAGE), dtype=torch.int32, device=device)
+    width = min(pt.shape[1], used_pt.shape[1])
+    pt[:, :width] = used_pt[:, :width]
+    lens = torch.full((BATCH,), n, dtype=torch.int32, device=device)
+    ws = torch.empty(BATCH, mk, dtype=torch.float32, device=device)
+    out = torch.empty(BATCH, TOPK, dtype=torch.int32, device=device)
+    must = BATCH * n * INDEX_BYTES_PER_TOKEN + BATCH * (-(-n // PAGE)) * 4
+    section = f"logits+topk {ctx // 1024}K@{max_ctx // 1024}K"
+    try:
+        t_log = timer.graph(lambda: indexer_logits(q, cache, w, lens, pt, mk, out=ws))
+        sw.add(section, "logits alone", t_log, None)
+    except Exception as exc:
+        sw.add(section, "logits alone", None, None, _fail(exc))
+        return
+    first: torch.Tensor | None = None
+    for name, kw in POINT_METHODS:
+        def run_all(kw: dict[str, Any] = kw) -> None:
+            indexer_logits(q, cache, w, lens, pt, mk, out=ws)
+            indexer_topk(ws, lens, pt, PAGE, TOPK, out=out, **kw)
+        try:
+            t_all = timer.graph(run_all)
+            timer.last_graph.replay()
+            torch.cuda.synchronize()
+            from_graph = out.clone()
+            run_all()
+            torch.cuda.synchronize()
+            same = first is None or bool(torch.equal(out, first))
+            if first is None:
+                first = out.clone()
+            sub = slice(0, 4)
+            tk = check_topk(out[sub], None, ws[sub, :n], lens[sub], pt[sub], PAGE, TOPK)
+            ok = bool(tk["ok"]) and same and bool(torch.equal(from_graph, out))
+            frac = must / t_all / 1e3 / ceil["copy_GBps"]
+            sw.add(section, name, t_all, ok, f"logits {t_log:.1f} topk {t_all - t_log:.1f} "
+                   f"bw_frac {frac:.3f}" + ("" if same else " differs from radix1"))
+        except Exception as exc:
+            sw.add(section, name, None, None, _fail(exc))
+    torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="indexer sweep (one GPU)")
     ap.add_argument("--json", help="write the rows here")
@@ -150,28 +229,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if "topk" not in skip:
         _time_topk(sw, timer, "topk 128K B=64", ws, lens, pt, TOPK_VARIANTS)
-    if "ties" not in skip:
-        tied = torch.round(ws * 4) / 4
-        _time_topk(sw, timer, "topk 128K ties", tied, lens, pt,
-                   [TOPK_VARIANTS[0], TOPK_VARIANTS[2]])
-        del tied
-    if "small" not in skip:
-        b8, n8 = 8, MAX_CTX // RATIO
-        lg8 = torch.randn(b8, n8, device=device, generator=g)
-        pt8 = torch.arange(b8 * (n8 // PAGE), dtype=torch.int32, device=device).view(b8, -1)
-        lens8 = torch.full((b8,), n8, dtype=torch.int32, device=device)
-        _time_topk(sw, timer, "topk 1M B=8", lg8, lens8, pt8,
-                   [TOPK_VARIANTS[0], TOPK_VARIANTS[2], TOPK_VARIANTS[3]], check_rows=2)
-        del lg8
+        _radix3_breakdown(sw, timer, ws, lens, pt)
     if "logits" not in skip:
-        for nw, ns, bn, nsp, contig in LOGITS_VARIANTS:
-            name = f"warps={nw} stages={ns} block_n={bn} nsplit={nsp or 'auto'}" + (
-                " contiguous" if contig else "")
-
-            def run(nw: int = nw, ns: int = ns, bn: int = bn, nsp: int | None = nsp,
-                    contig: bool = contig) -> None:
-                indexer_logits(q, cache, w, lens, pt, mk, out=ws, nsplit=nsp, block_n=bn,
-                               num_warps=nw, num_stages=ns, contiguous=contig)
+        for name, lkw in LOGITS_VARIANTS:
+            def run(lkw: dict[str, Any] = lkw) -> None:
+                indexer_logits(q, cache, w, lens, pt, mk, out=ws, **lkw)
             try:
                 ws[:, :n].fill_(float("nan"))
                 run()
@@ -189,17 +251,22 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 sw.add("logits 128K B=64", name, None, None, _fail(exc))
     if "points" not in skip:
-        setup = {"batch": BATCH, "page": PAGE, "topk": TOPK, "ratio": RATIO, "q": q, "w": w,
-                 "cache": cache, "used_pt": used_pt, "sweep": False, "with_base": False}
-        for ctx, max_ctx in ((2**17, MAX_CTX), (4096, MAX_CTX), (4096, 4096)):
-            name = f"{ctx // 1024}K@{max_ctx // 1024}K defaults"
-            try:
-                row = _indexer_point(timer, None, ceil, setup, ctx, max_ctx)
-                sw.add("logits+topk", name, row["us"], row["ok"],
-                       f"logits {row['us_logits']:.1f} topk {row['us_topk']:.1f} "
-                       f"bw_frac {row['bw_frac']:.2f}")
-            except Exception as exc:
-                sw.add("logits+topk", name, None, None, _fail(exc))
+        setup = {"q": q, "w": w, "cache": cache, "used_pt": used_pt}
+        for ctx, max_ctx in ((2**17, MAX_CTX), (2**16, MAX_CTX), (4096, MAX_CTX), (4096, 4096)):
+            _time_point(sw, timer, ceil, setup, ctx, max_ctx)
+    if "small" not in skip:
+        b8, n8 = 8, MAX_CTX // RATIO
+        lg8 = torch.randn(b8, n8, device=device, generator=g)
+        pt8 = torch.arange(b8 * (n8 // PAGE), dtype=torch.int32, device=device).view(b8, -1)
+        lens8 = torch.full((b8,), n8, dtype=torch.int32, device=device)
+        _time_topk(sw, timer, "topk 1M B=8", lg8, lens8, pt8,
+                   [*TOPK_VARIANTS[:4], ("radix3 nprog=32", dict(method=R3, nprog=32)),
+                    ("auto", dict(method="auto"))], check_rows=2)
+        del lg8
+    if "ties" not in skip:
+        tied = torch.round(ws * 4) / 4
+        _time_topk(sw, timer, "topk 128K ties", tied, lens, pt, TOPK_VARIANTS[:4])
+        del tied
     sw.table()
     print(f"\nwall {time.time() - t0:.0f} s, copy {ceil['copy_GBps']:.0f} GB/s; 128K target: "
           f"total <= {BATCH * n * INDEX_BYTES_PER_TOKEN / (0.5 * ceil['copy_GBps'] * 1e3):.0f} µs")
