@@ -193,9 +193,115 @@ def test_logits_tunables_keep_results(gen: torch.Generator) -> None:
     c = make_indexer_case(gen, batch=2, heads=8, lens=[70, 129], max_len=140, page_size=6)
     base = indexer_logits(c.q_fp8, c.index_cache, c.weights, c.seq_lens, c.page_table,
                           c.max_len, clean=True, nsplit=3, block_n=16)
-    for kw in (dict(contiguous=True), dict(num_warps=8, num_stages=2), dict(nsplit=1, block_n=32)):
+    for kw in (dict(contiguous=True), dict(num_warps=8, num_stages=2), dict(nsplit=1, block_n=32),
+               dict(prefetch=True), dict(prefetch=True, contiguous=True, nsplit=2)):
         got = indexer_logits(c.q_fp8, c.index_cache, c.weights, c.seq_lens, c.page_table,
                              c.max_len, clean=True, **kw)
         assert torch.equal(torch.isinf(got), torch.isinf(base))
         fin = torch.isfinite(base)
         assert torch.allclose(got[fin], base[fin], rtol=1e-5, atol=1e-5)
+
+
+# radix3 tunables: several programs per row (also more programs than chunks: empty chunks), the
+# fused B+C launch, a cap too small for the list (whole-row fallback), rows below ``direct``,
+# and other digit widths (incl. 8 mantissa-free bits: a select that starts 23 bits down)
+_RADIX3 = [
+    dict(nprog=4, block=64, sel_block=64, direct=64, cap=1024),
+    dict(nprog=4, block=64, sel_block=64, direct=64, cap=1024, fuse=True),
+    dict(nprog=16, block=32, sel_block=128, direct=64, cap=1024),
+    dict(nprog=2, block=64, sel_block=64, direct=64, cap=64),
+    dict(nprog=2, block=64, sel_block=64, direct=64, cap=64, fuse=True),
+    dict(nprog=4, block=128, direct=100000),
+    dict(nprog=8, block=128, sel_block=256, direct=64, cap=2048, hist_bits=6, mant_bits=1),
+    dict(nprog=1, block=256, sel_block=256, direct=64, cap=2048, hist_bits=10, mant_bits=7),
+    dict(nprog=4, block=64, sel_block=64, direct=64, cap=2048, hist_bits=5, mant_bits=0,
+         fuse=True),
+]
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
+@pytest.mark.parametrize("cfg", range(len(_RADIX3)))
+def test_radix3_equals_radix1_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
+    # len 0, < k, == k, k + 1, long, longer; page size not a power of two
+    lens, topk, page_size = [0, 7, 24, 25, 700, 2400], 24, 7
+    rows, max_len = len(lens), 2410
+    logits = _logits(gen, kind, rows, max_len)
+    pt = _random_pt(gen, rows, max_len, page_size)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    got_raw = torch.empty(rows, topk, dtype=torch.int32)
+    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method="radix3",
+                       **_RADIX3[cfg])
+    old_raw = torch.empty(rows, topk, dtype=torch.int32)
+    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method="radix1",
+                       block=64, direct=64, cap=1024)
+    res = check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)
+    assert res["ok"], res
+    ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
+    assert torch.equal(got[:3], ref_slots[:3])  # rows <= k: no choice involved
+    assert torch.equal(got, old) and torch.equal(got_raw, old_raw)
+    assert got_raw[0].tolist() == [-1] * topk
+    assert got_raw[2].tolist() == list(range(24))
+
+
+def test_radix3_ties_at_threshold_and_spread_lengths(gen: torch.Generator) -> None:
+    # a tie group straddling the threshold spread over every chunk: the first k_rem in position
+    # order must win, whichever program compacts them; lengths that leave chunks empty
+    topk, page_size, max_len = 64, 61, 5000
+    lens = [5000, 4097, 130, 65, 64, 3001]
+    rows = len(lens)
+    logits = torch.randn(rows, max_len, generator=gen)
+    logits[:, 3::11] = 2.5  # ~450 ties per full row, ~25 keys above them: k straddles them
+    pt = _random_pt(gen, rows, max_len, page_size)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    outs = []
+    for method, kw in (("radix1", dict(block=128, direct=64)),
+                       ("radix3", dict(nprog=8, block=64, sel_block=128, direct=64)),
+                       ("radix3", dict(nprog=8, block=64, sel_block=128, direct=64, fuse=True))):
+        raw = torch.empty(rows, topk, dtype=torch.int32)
+        slots = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, method=method,
+                             **kw)
+        assert check_topk(slots, raw, logits, lens_t, pt, page_size, topk)["ok"]
+        outs.append((slots, raw))
+    for slots, raw in outs[1:]:
+        assert torch.equal(slots, outs[0][0]) and torch.equal(raw, outs[0][1])
+    sel = outs[1][1][0]
+    assert torch.equal(sel, sel.sort().values)  # ascending position order
+
+
+def test_radix3_list_over_cap_falls_back_to_the_row(gen: torch.Generator) -> None:
+    # every key equal: the threshold bin holds the whole row, far over the cap
+    n, topk = 3000, 40
+    logits = torch.full((2, n), 0.5)
+    logits[1] = torch.randn(n, generator=gen)
+    pt = _random_pt(gen, 2, n, 64)
+    lens = torch.tensor([n, n], dtype=torch.int32)
+    for fuse in (False, True):
+        raw = torch.empty(2, topk, dtype=torch.int32)
+        slots = indexer_topk(logits, lens, pt, 64, topk, raw_out=raw, method="radix3", nprog=4,
+                             block=128, sel_block=256, direct=64, cap=topk, fuse=fuse)
+        assert raw[0].tolist() == list(range(topk))
+        assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
+
+
+def test_radix3_tunables_are_checked(gen: torch.Generator) -> None:
+    logits = torch.randn(1, 10, generator=gen)
+    lens = torch.tensor([10], dtype=torch.int32)
+    pt = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="nprog"):
+        indexer_topk(logits, lens, pt, 16, 4, method="radix3", nprog=3)
+    with pytest.raises(ValueError, match="block"):
+        indexer_topk(logits, lens, pt, 16, 4, method="radix3", sel_block=100)
+
+
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_logits_aligned_and_prefetch_are_bit_identical(gen: torch.Generator,
+                                                       page_size: int) -> None:
+    # block_n divides the page size (the aligned path); lengths end mid-page and mid-block
+    c = make_indexer_case(gen, batch=4, heads=8, lens=[200, 33, 0, 17], max_len=210,
+                          page_size=page_size)
+    args = (c.q_fp8, c.index_cache, c.weights, c.seq_lens, c.page_table, c.max_len)
+    base = indexer_logits(*args, clean=True, nsplit=3, block_n=16)
+    for kw in (dict(aligned=True), dict(aligned=True, prefetch=True),
+               dict(aligned=True, prefetch=True, contiguous=True)):
+        got = indexer_logits(*args, clean=True, nsplit=3, block_n=16, **kw)
+        assert torch.equal(got, base), kw
