@@ -168,7 +168,8 @@ def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr
 
 @triton.jit
 def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr):
+                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK: tl.constexpr,
+                NSPLIT: tl.constexpr, FUSE: tl.constexpr):
     """Write a [BH, 512] result: final output and sink-exclusive LSE (one split), or the split's
     normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (bf16
     for pf: half the bytes and half the layout-conversion scratch; the combine works in fp32)."""
@@ -192,6 +193,20 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
         tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
                  o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+        if FUSE:
+            # Split-K fix-up in the kernel: the split that arrives last for this (row, head
+            # block) merges all partials, saving the combine launch and its DRAM round trip.
+            # The barrier orders every thread's partial stores before the release-acquire
+            # atomic (one thread); the merge reads partials through L2 (.cg), never L1.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + r * tl.num_programs(1) + tl.program_id(1), 1,
+                                    sem="acq_rel", scope="gpu")
+            if arrived == NSPLIT - 1:
+                for cb in tl.static_range(4):
+                    _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh,
+                                   lse_ptr, H, s_q, r, bidx, heads, hmask,
+                                   cb * 128 + tl.arange(0, 128), cb == 0, HAS_SINK, NSPLIT,
+                                   ".cg")
 
 
 @triton.jit
@@ -343,10 +358,10 @@ def _sparse_decode_full_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr,
+    op_ptr, lp_ptr, cnt_ptr,
     H, s_q, qk_scale,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     r = tl.program_id(0)
@@ -383,7 +398,7 @@ def _sparse_decode_full_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
 
 
 @triton.jit
@@ -452,10 +467,10 @@ def _sparse_decode_pf_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr,
+    op_ptr, lp_ptr, cnt_ptr,
     H, s_q, qk_scale,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Full-width variant with one tile of loads in flight ahead of the matrix products.
@@ -510,7 +525,7 @@ def _sparse_decode_pf_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, idx >= 0, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
 
 
 @triton.jit
@@ -583,10 +598,10 @@ def _sparse_decode_staged_kernel(
     q_ptr, stride_qr, stride_qh, kv_ptr, ok_ptr,
     a_len, a_topk, b_len, b_topk,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr,
+    op_ptr, lp_ptr, cnt_ptr,
     H, s_q, qk_scale, A_PAD, T_PAD,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
     LOAD_EV: tl.constexpr,
 ):
@@ -628,37 +643,30 @@ def _sparse_decode_staged_kernel(
         m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
 
 
 @triton.jit
-def _combine_kernel(
-    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr, DC: tl.constexpr,
-):
-    """Merge split partials of (row, head block, column block) with a log-sum-exp (base 2)."""
-    r = tl.program_id(0)
-    hb = tl.program_id(1)
-    cb = tl.program_id(2)
-    bidx = r // s_q
-    heads = hb * BH + tl.arange(0, BH)
-    hmask = heads < H
-    dd = cb * DC + tl.arange(0, DC)
-    gmax = tl.full([BH], float("-inf"), tl.float32)
+def _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
+                   bidx, heads, hmask, dd, WRITE_LSE: tl.constexpr, HAS_SINK: tl.constexpr,
+                   NSPLIT: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the split partials of one row for ``heads`` x columns ``dd`` (log-sum-exp, base 2)
+    and write the final output (and, if ``WRITE_LSE``, the sink-exclusive natural-log LSE)."""
+    gmax = tl.full(heads.shape, float("-inf"), tl.float32)
     for s in range(NSPLIT):
         lp = tl.load(lp_ptr + (r * NSPLIT + s).to(tl.int64) * H + heads, mask=hmask,
-                     other=float("-inf"))
+                     other=float("-inf"), cache_modifier=CACHE)
         gmax = tl.maximum(gmax, lp)
     gm = tl.where(gmax == float("-inf"), 0.0, gmax)
-    tot = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, DC], tl.float32)
+    tot = tl.zeros(heads.shape, tl.float32)
+    acc = tl.zeros([heads.shape[0], dd.shape[0]], tl.float32)
     for s in range(NSPLIT):
         prow = (r * NSPLIT + s).to(tl.int64) * H
-        lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"))
+        lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"), cache_modifier=CACHE)
         w = tl.math.exp2(lp - gm)
         tot += w
         o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
-                    other=0.0).to(tl.float32)
+                    other=0.0, cache_modifier=CACHE).to(tl.float32)
         acc += w[:, None] * o
     has = tot > 0.0
     safe = tl.where(has, tot, 1.0)
@@ -668,11 +676,29 @@ def _combine_kernel(
         sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
         out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
     out = tl.where(has[:, None], out, 0.0)
-    lse = tl.where(has, lse, float("inf"))
     tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
              out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-    tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse,
-             mask=hmask & ((heads * 0 + cb) == 0))
+    if WRITE_LSE:
+        lse = tl.where(has, lse, float("inf"))
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+
+
+@triton.jit
+def _combine_kernel(
+    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr, DC: tl.constexpr,
+):
+    """Merge split partials of (row, head block, column block) with a log-sum-exp (base 2)."""
+    r = tl.program_id(0)
+    cb = tl.program_id(2)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    if cb == 0:
+        _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
+                       r // s_q, heads, heads < H, tl.arange(0, DC), True, HAS_SINK, NSPLIT, "")
+    else:
+        _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
+                       r // s_q, heads, heads < H, cb * DC + tl.arange(0, DC), False, HAS_SINK,
+                       NSPLIT, "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,8 +720,8 @@ class DecodeConfig:
     prefetch: bool = True
     bf16_partials: bool | None = None
     stage_block: int | None = None
-    stage_batch: int | None = None
     l2_hints: bool = True
+    fused_combine: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -705,8 +731,6 @@ _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
-# staged: dequantized keys of at most this many bytes per batch chunk (sized to stay in L2).
-_STAGE_BYTES = 24 * 2**20
 
 
 def available_variants(max_shared: int) -> tuple[str, ...]:
@@ -834,20 +858,8 @@ def sparse_mla_decode(
              _Keys(b_u8, b_bf, extra_indices, extra_topk_length, b_topk, b_ps, b_pb))
     launch = _Launch(variant, has_b, attn_sink, h, s_q, float(sm_scale) * LOG2E, block_h,
                      block_t, num_warps, num_stages, col_blocks, cfg)
-    # staged keeps one batch chunk's dequantized keys (1 KB per key) in flight; chunks small
-    # enough to stay in L2 are read back from it instead of HBM (NOTES.md v5).
-    chunk = b
-    if variant == "staged":
-        t_pad = max_tiles * block_t
-        most = max(1, _STAGE_BYTES // (s_q * t_pad * HEAD_DIM * 2))
-        chunk = cfg.stage_batch or triton.cdiv(b, triton.cdiv(b, most))  # even chunks
-    for b0 in range(0, b, chunk):
-        b1 = min(b, b0 + chunk)
-        r0, r1 = b0 * s_q, b1 * s_q
-        nsplit = cfg.nsplit or choose_nsplit(r1 - r0, head_blocks * col_blocks,
-                                             max(1, max_tiles), sms)
-        launch.rows(q2[r0:r1], lists[0].batch(b0, b1), lists[1].batch(b0, b1), o2[r0:r1],
-                    lse[b0:b1], nsplit)
+    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
+    launch.rows(q2, lists[0], lists[1], o2, lse, nsplit)
     return out, lse
 
 
@@ -862,11 +874,6 @@ class _Keys:
     topk: int
     ps: int
     pb: int
-
-    def batch(self, b0: int, b1: int) -> _Keys:
-        """The same list restricted to requests ``[b0, b1)`` (views, no copies)."""
-        ln = self.length[b0:b1] if self.length is not None else None
-        return dataclasses.replace(self, idx=self.idx[b0:b1], length=ln)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -890,6 +897,9 @@ class _Launch:
              nsplit: int) -> None:
         rows, h = q2.shape[0], self.h
         dev = q2.device
+        fuse = nsplit > 1 and self.cfg.fused_combine and self.variant != "dsplit"
+        cnt = torch.zeros(rows * triton.cdiv(h, self.block_h) if fuse else 1, dtype=torch.int32,
+                          device=dev)
         if nsplit > 1:
             bf16 = self.cfg.bf16_partials
             if bf16 is None:
@@ -907,6 +917,7 @@ class _Launch:
                      B_HAS_LEN=self.has_b and bk.length is not None)
         heads = dict(HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=self.block_h,
                      BT=self.block_t, DOT_F32=interpreting())
+        fused = dict(FUSE=fuse) if self.variant != "dsplit" else {}
         head_blocks = triton.cdiv(h, self.block_h)
         if self.variant == "staged":
             bt = self.block_t
@@ -928,8 +939,8 @@ class _Launch:
             )
             _sparse_decode_staged_kernel[(rows, head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1), kv, ok, a_len, a.topk, b_len, bk.topk,
-                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads,
+                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part, cnt,
+                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads, **fused,
                 STAGES=self.num_stages, LOAD_EV="evict_first" if ev else "",
                 num_warps=self.num_warps,
             )
@@ -942,10 +953,11 @@ class _Launch:
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
                 bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
                 sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                h, self.s_q, self.qk_scale, **flags, **heads,
+                *((cnt,) if self.variant != "dsplit" else ()),
+                h, self.s_q, self.qk_scale, **flags, **heads, **fused,
                 num_warps=self.num_warps, num_stages=self.num_stages, **extra,
             )
-        if nsplit > 1:
+        if nsplit > 1 and not fuse:
             bhc = 16
             _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
                 o_part, l_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,

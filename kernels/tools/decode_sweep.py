@@ -25,12 +25,12 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
     def st(**kw: object) -> DecodeConfig:
         return DecodeConfig(variant="staged", **kw)  # type: ignore[arg-type]
 
-    out = [st(block_t=64, num_stages=2), st(block_t=64, num_stages=2, l2_hints=False),
-           st(block_t=64, num_stages=2, stage_batch=bsz),
-           st(block_t=64, num_stages=2, bf16_partials=False),
-           st(block_t=64, num_stages=2, stage_block=64), st(block_t=32, num_stages=3)]
-    if bsz >= 64:
-        out += [st(block_t=64, num_stages=2, stage_batch=n) for n in (16, 32)]
+    out = [st(block_t=64, num_stages=2), st(block_t=64, num_stages=2, fused_combine=False),
+           st(block_t=64, num_stages=2, l2_hints=False),
+           st(block_t=64, num_stages=2, bf16_partials=False), st(block_t=32, num_stages=3),
+           st(block_h=32, block_t=32, num_stages=2, num_warps=4, nsplit=1),
+           st(block_h=32, block_t=32, num_stages=2, num_warps=8, nsplit=1),
+           st(block_h=32, block_t=32, num_stages=2, num_warps=4)]
     # what fits sm_120's 99 KB (Triton 3.6: 84 KB at BH 64 / BT 16 / 2 stages)
     out += [st(block_t=16, num_stages=2)]
     return out
@@ -38,7 +38,9 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
     if only == "staged":
-        return [DecodeConfig(variant="full"), DecodeConfig(variant="pf", block_t=16),
+        return [DecodeConfig(variant="full"), DecodeConfig(variant="full", fused_combine=False),
+                DecodeConfig(variant="pf", block_t=16),
+                DecodeConfig(variant="pf", block_t=16, fused_combine=False),
                 *staged_configs(bsz)]
     if limits:  # only what fits sm_120's 99 KB per block (kernels.md 5.2)
         return [DecodeConfig(variant="pf", block_t=16, num_warps=8),
@@ -93,9 +95,12 @@ def main() -> int:
                       extra_topk_length=c.extra_topk_length)
             rows.append({"cfg": "sglang (b)", "us": timer.graph(lambda bk=bk: base["b"](**bk))})
         for cfg in configs(bsz, args.limits, args.only):
+            if bsz < 64 and cfg.nsplit == 1 and cfg.block_h == 32:
+                continue
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
-                    f" bg={cfg.stage_block} sb={cfg.stage_batch} l2={int(cfg.l2_hints)}")
+                    f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} fc={int(cfg.fused_combine)}"
+                    f" bh={cfg.block_h}")
             try:
                 t0 = time.time()
                 o, lse = sparse_mla_decode(**kw, config=cfg)
