@@ -431,12 +431,23 @@ def _write_selected(l_row, s_pos, s_key, count, limit, prefix, shift, k_rem, pt_
 
 
 @triton.jit
-def _window_base(l_row, n, SAMPLE: tl.constexpr, MSH: tl.constexpr, ANCHOR: tl.constexpr):
+def _window_base(l_row, n, SAMPLE: tl.constexpr, RUN: tl.constexpr, MSH: tl.constexpr,
+                 ANCHOR: tl.constexpr):
     """Window offset of the digit: the top bits (``key >> MSH``) of the largest of ``SAMPLE``
-    strided keys of the row ``[0, n)``, minus ``ANCHOR``; a pure function of the row, so every
-    program of a row computes the same value."""
-    smp = (tl.arange(0, SAMPLE).to(tl.int64) * n // SAMPLE).to(tl.int32)
-    anchor = tl.max(_monotone_key(tl.load(l_row + smp)), 0)
+    keys of the row ``[0, n)``, minus ``ANCHOR``; a pure function of the row, so every program
+    of a row computes the same value. ``RUN`` 1: single keys at stride ``n / SAMPLE`` (one
+    32-byte sector each, which at 2048 samples of a 32K row touches every other sector);
+    ``RUN`` > 1: ``SAMPLE / RUN`` runs of ``RUN`` consecutive keys, ``RUN / 8`` sectors each
+    (radix3, where every program of a row takes the sample: H200 run 1, launch A 21.5 µs with
+    2048 single keys)."""
+    i = tl.arange(0, SAMPLE)
+    if RUN == 1:
+        smp = (i.to(tl.int64) * n // SAMPLE).to(tl.int32)
+        anchor = tl.max(_monotone_key(tl.load(l_row + smp)), 0)
+    else:
+        smp = (i // RUN) * (n // (SAMPLE // RUN)) + i % RUN
+        anchor = tl.max(_monotone_key(tl.load(l_row + smp, mask=smp < n,
+                                              other=float("-inf"))), 0)
     return (anchor >> MSH).to(tl.int32) - ANCHOR
 
 
@@ -476,7 +487,7 @@ def _topk_row_kernel(
         use_list = n < 0  # False, as a device value
         if n > DIRECT:
             # pass A: windowed histogram, anchored on a strided sample's maximum
-            base = _window_base(l_row, n, CH, MSH, ANCHOR)
+            base = _window_base(l_row, n, CH, 1, MSH, ANCHOR)
             hist = tl.zeros([NB], tl.int32)
             n_ld = _round4(n, max_len)
             for start in range(0, n, CH):
@@ -518,8 +529,8 @@ def _topk_row_kernel(
 @triton.jit
 def _split_hist_kernel(
     logit_ptr, stride_lr, len_ptr, hist_ptr, base_ptr, cnt_ptr, max_len,
-    CH: tl.constexpr, SAMPLE: tl.constexpr, NB: tl.constexpr, MSH: tl.constexpr,
-    ANCHOR: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
+    CH: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr, NB: tl.constexpr,
+    MSH: tl.constexpr, ANCHOR: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
 ):
     """radix3 launch A, program ``(row, p)``: the windowed-digit histogram of chunk ``p`` of a row
     longer than ``DIRECT``, stored (not added) at ``hist[row, p]``, so no buffer needs zeroing.
@@ -532,7 +543,7 @@ def _split_hist_kernel(
         tl.store(cnt_ptr + r, 0)
     if n > DIRECT:
         l_row = logit_ptr + r.to(tl.int64) * stride_lr
-        base = _window_base(l_row, n, SAMPLE, MSH, ANCHOR)
+        base = _window_base(l_row, n, SAMPLE, RUN, MSH, ANCHOR)
         if sp == 0:
             tl.store(base_ptr + r, base)
         lo, hi = _chunk_bounds(n, sp, P, CH)
@@ -782,8 +793,8 @@ def indexer_logits(
     num_warps: int = 4,
     num_stages: int = 5,  # H200 sweep (NOTES.md v4): 5 stages 110 µs vs 3 stages 129 µs at 128K
     contiguous: bool = False,
-    aligned: bool = False,
-    prefetch: bool = False,
+    aligned: bool = True,  # H200 run (indexer_sweep): 110 -> 89 µs at 128K, 85.6 with prefetch
+    prefetch: bool = True,
 ) -> torch.Tensor:
     """Logits ``[rows, max_len]`` fp32; only ``[:, :len]`` is written unless ``clean``.
 
@@ -879,7 +890,7 @@ def indexer_topk(
         out = torch.empty(rows, topk, dtype=torch.int32, device=logits.device)
     raw = raw_out if raw_out is not None else out
     if method == "auto":
-        method = "radix1" if 4 * rows >= device_sms(logits) else "radix6"
+        method = "radix3"
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     max_len = logits.shape[1]
@@ -888,11 +899,10 @@ def indexer_topk(
                      max_len, block or 2048, num_warps or 16, cap, direct, hist_bits, mant_bits)
         return out
     if method == "radix3":
-        if nprog is None:
-            nprog = _pow2_floor(max(1, 4 * device_sms(logits) // rows))
         _topk_radix3(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
-                     max_len, nprog, block or 2048, num_warps or 8, sel_block or 2048,
-                     sel_warps or 16, cap, direct, hist_bits, mant_bits, fuse)
+                     max_len, nprog or radix3_nprog(rows, device_sms(logits)),
+                     block or R3_BLOCK, num_warps or R3_WARPS, sel_block or R3_SEL_BLOCK,
+                     sel_warps or R3_SEL_WARPS, cap, direct, hist_bits, mant_bits, fuse)
         return out
     block = block or 2048
     if nprog is None:
@@ -932,8 +942,13 @@ def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
     )
 
 
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(1, x).bit_length() - 1)
+# radix3 defaults (H200 sweeps, ``python -m dsv4_kernels.indexer_sweep``)
+R3_BLOCK, R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS = 1024, 4, 2048, 8
+
+
+def radix3_nprog(rows: int, sms: int) -> int:
+    """radix3's programs per row: about four per SM in all, a power of two in 1..32."""
+    return 1 << (max(1, min(32, 4 * sms // max(1, rows))).bit_length() - 1)
 
 
 def _window_consts(topk: int, block: int, cap: int, hist_bits: int, mant_bits: int
@@ -956,7 +971,7 @@ def _topk_radix3(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
                  page_size: int, topk: int, out: torch.Tensor, raw: torch.Tensor, write_raw: bool,
                  max_len: int, nprog: int, block: int, num_warps: int, sel_block: int,
                  sel_warps: int, cap: int, direct: int, hist_bits: int, mant_bits: int,
-                 fuse: bool, stages: int = 3) -> None:
+                 fuse: bool, stages: int = 3, sample: int = 1024) -> None:
     """Launch the split top-k: chunk histograms (A) and the list compaction (B) on ``nprog``
     programs per row, then the select on the list (C) with one program per row, or, with
     ``fuse``, in the last of the row's B programs. ``stages`` < 3 stops early (the sweep's
@@ -976,7 +991,7 @@ def _topk_radix3(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
     kp = triton.next_power_of_2(topk)
     _split_hist_kernel[grid](
         logits, logits.stride(0), lens, hist, base, cnt, max_len,
-        CH=block, SAMPLE=2048, NB=nb, MSH=msh, ANCHOR=anchor, DIRECT=direct, P=nprog,
+        CH=block, SAMPLE=sample, RUN=16, NB=nb, MSH=msh, ANCHOR=anchor, DIRECT=direct, P=nprog,
         num_warps=num_warps,
     )
     if stages < 2:

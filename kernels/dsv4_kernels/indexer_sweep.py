@@ -29,7 +29,16 @@ import torch
 
 from .bench import Timer, _index_pool, ceilings
 from .cases import check_topk
-from .indexer import _topk_radix3, indexer_logits, indexer_topk
+from .indexer import (
+    R3_BLOCK,
+    R3_SEL_BLOCK,
+    R3_SEL_WARPS,
+    R3_WARPS,
+    _topk_radix3,
+    indexer_logits,
+    indexer_topk,
+    radix3_nprog,
+)
 from .layout import INDEX_BYTES_PER_TOKEN
 from .reference import ref_indexer_logits
 
@@ -37,44 +46,42 @@ BATCH, HEADS, PAGE, TOPK, RATIO, MAX_CTX = 64, 64, 64, 512, 4, 2**20
 
 R3 = "radix3"
 TOPK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
-    ("radix6 block=2048 (old default)", dict(method="radix6")),
-    ("radix1 default (block 2048, 16 warps)", dict(method="radix1")),
+    ("radix6 block=2048 (older default)", dict(method="radix6")),
+    ("radix1 default (previous default)", dict(method="radix1")),
     ("radix3 default", dict(method=R3)),
     ("radix3 fuse (B+C in one launch)", dict(method=R3, fuse=True)),
     ("radix3 nprog=4", dict(method=R3, nprog=4)),
     ("radix3 nprog=16", dict(method=R3, nprog=16)),
-    ("radix3 nprog=16 block=1024 warps=4", dict(method=R3, nprog=16, block=1024, num_warps=4)),
-    ("radix3 block=1024 warps=4", dict(method=R3, block=1024, num_warps=4)),
-    ("radix3 block=4096 warps=16", dict(method=R3, block=4096, num_warps=16)),
-    ("radix3 sel_warps=8", dict(method=R3, sel_warps=8)),
+    ("radix3 block=512", dict(method=R3, block=512)),
+    ("radix3 block=2048 warps=8", dict(method=R3, block=2048, num_warps=8)),
+    ("radix3 sel_warps=16", dict(method=R3, sel_warps=16)),
     ("radix3 sel_block=1024 sel_warps=4", dict(method=R3, sel_block=1024, sel_warps=4)),
-    ("radix3 hist_bits=8 mant_bits=3", dict(method=R3, hist_bits=8, mant_bits=3)),
-    ("radix3 fuse nprog=16 block=1024 warps=4",
-     dict(method=R3, fuse=True, nprog=16, block=1024, num_warps=4)),
+    ("radix3 fuse nprog=4", dict(method=R3, fuse=True, nprog=4)),
+    ("radix3 fuse sel_block=1024", dict(method=R3, fuse=True, sel_block=1024)),
 ]
 
-# the top-k methods timed side by side at each (context, maximum context) point
-POINT_METHODS: list[tuple[str, dict[str, Any]]] = [
-    ("radix1", dict(method="radix1")),
-    ("radix3", dict(method=R3)),
-    ("radix3 fuse", dict(method=R3, fuse=True)),
-    ("auto", dict(method="auto")),
+# logits + top-k side by side at each (context, maximum context) point: (name, logits keywords,
+# top-k keywords); the first is the previous package default
+OLD_LOGITS: dict[str, Any] = dict(aligned=False, prefetch=False)
+POINT_METHODS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("old: logits unaligned, radix1", OLD_LOGITS, dict(method="radix1")),
+    ("logits default, radix1", {}, dict(method="radix1")),
+    ("logits default, radix3", {}, dict(method=R3)),
+    ("logits default, radix3 fuse", {}, dict(method=R3, fuse=True)),
+    ("defaults (auto)", {}, {}),
 ]
 
 # logits settings (keywords of indexer_logits); the first is the package default. Run 11
 # (NOTES.md v4) covered stages 5-8, nsplit 4-12, contiguous, block_n 32/128 and 8 warps.
 LOGITS_VARIANTS: list[tuple[str, dict[str, Any]]] = [
-    ("default", {}),
-    ("prefetch", dict(prefetch=True)),
-    ("aligned", dict(aligned=True)),
-    ("aligned prefetch", dict(aligned=True, prefetch=True)),
-    ("aligned prefetch stages=3", dict(aligned=True, prefetch=True, num_stages=3)),
-    ("aligned prefetch stages=8", dict(aligned=True, prefetch=True, num_stages=8)),
-    ("prefetch stages=8", dict(prefetch=True, num_stages=8)),
-    ("aligned prefetch nsplit=16", dict(aligned=True, prefetch=True, nsplit=16)),
-    ("aligned prefetch nsplit=4", dict(aligned=True, prefetch=True, nsplit=4)),
-    ("aligned prefetch contiguous", dict(aligned=True, prefetch=True, contiguous=True)),
-    ("aligned prefetch warps=8", dict(aligned=True, prefetch=True, num_warps=8)),
+    ("default (aligned, prefetch, 5 stages)", {}),
+    ("old default (unaligned, no prefetch)", OLD_LOGITS),
+    ("aligned, no prefetch", dict(prefetch=False)),
+    ("stages=4", dict(num_stages=4)),
+    ("stages=6", dict(num_stages=6)),
+    ("nsplit=12", dict(nsplit=12)),
+    ("nsplit=6", dict(nsplit=6)),
+    ("contiguous", dict(contiguous=True)),
 ]
 
 
@@ -134,13 +141,13 @@ def _radix3_breakdown(sw: Sweep, timer: Timer, logits: torch.Tensor, lens: torch
     from ._runtime import device_sms
 
     rows, max_len = logits.shape
-    nprog = 1 << (max(1, 4 * device_sms(logits) // rows).bit_length() - 1)
+    nprog = radix3_nprog(rows, device_sms(logits))
     out = torch.empty(rows, TOPK, dtype=torch.int32, device=logits.device)
     for stages in (1, 2, 3):
         try:
             t = timer.graph(lambda stages=stages: _topk_radix3(
-                logits, lens, pt, PAGE, TOPK, out, out, False, max_len, nprog, 2048, 8, 2048, 16,
-                4096, 4096, 7, 2, False, stages))
+                logits, lens, pt, PAGE, TOPK, out, out, False, max_len, nprog, R3_BLOCK,
+                R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS, 4096, 4096, 7, 2, False, stages))
             sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", t, None)
         except Exception as exc:
             sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", None, None, _fail(exc))
@@ -161,16 +168,22 @@ def _time_point(sw: Sweep, timer: Timer, ceil: dict[str, float], setup: dict[str
     out = torch.empty(BATCH, TOPK, dtype=torch.int32, device=device)
     must = BATCH * n * INDEX_BYTES_PER_TOKEN + BATCH * (-(-n // PAGE)) * 4
     section = f"logits+topk {ctx // 1024}K@{max_ctx // 1024}K"
-    try:
-        t_log = timer.graph(lambda: indexer_logits(q, cache, w, lens, pt, mk, out=ws))
-        sw.add(section, "logits alone", t_log, None)
-    except Exception as exc:
-        sw.add(section, "logits alone", None, None, _fail(exc))
-        return
+    t_logs: dict[bool, float] = {}
+    for old in (True, False):
+        name = "logits alone, " + ("old settings" if old else "default")
+        try:
+            t_logs[old] = timer.graph(lambda old=old: indexer_logits(
+                q, cache, w, lens, pt, mk, out=ws, **(OLD_LOGITS if old else {})))
+            sw.add(section, name, t_logs[old], None)
+        except Exception as exc:
+            sw.add(section, name, None, None, _fail(exc))
+            return
     first: torch.Tensor | None = None
-    for name, kw in POINT_METHODS:
-        def run_all(kw: dict[str, Any] = kw) -> None:
-            indexer_logits(q, cache, w, lens, pt, mk, out=ws)
+    for name, lkw, kw in POINT_METHODS:
+        t_log = t_logs[lkw == OLD_LOGITS]
+
+        def run_all(lkw: dict[str, Any] = lkw, kw: dict[str, Any] = kw) -> None:
+            indexer_logits(q, cache, w, lens, pt, mk, out=ws, **lkw)
             indexer_topk(ws, lens, pt, PAGE, TOPK, out=out, **kw)
         try:
             t_all = timer.graph(run_all)
@@ -187,7 +200,7 @@ def _time_point(sw: Sweep, timer: Timer, ceil: dict[str, float], setup: dict[str
             ok = bool(tk["ok"]) and same and bool(torch.equal(from_graph, out))
             frac = must / t_all / 1e3 / ceil["copy_GBps"]
             sw.add(section, name, t_all, ok, f"logits {t_log:.1f} topk {t_all - t_log:.1f} "
-                   f"bw_frac {frac:.3f}" + ("" if same else " differs from radix1"))
+                   f"bw_frac {frac:.3f}" + ("" if same else " differs from the first"))
         except Exception as exc:
             sw.add(section, name, None, None, _fail(exc))
     torch.cuda.empty_cache()
@@ -260,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         pt8 = torch.arange(b8 * (n8 // PAGE), dtype=torch.int32, device=device).view(b8, -1)
         lens8 = torch.full((b8,), n8, dtype=torch.int32, device=device)
         _time_topk(sw, timer, "topk 1M B=8", lg8, lens8, pt8,
-                   [*TOPK_VARIANTS[:4], ("radix3 nprog=32", dict(method=R3, nprog=32)),
+                   [*TOPK_VARIANTS[:4], ("radix3 nprog=64", dict(method=R3, nprog=64)),
+                    ("radix3 nprog=16", dict(method=R3, nprog=16)),
                     ("auto", dict(method="auto"))], check_rows=2)
         del lg8
     if "ties" not in skip:

@@ -35,13 +35,14 @@ def test_logits_leave_tail_untouched_without_clean(gen: torch.Generator) -> None
     assert not torch.any(out[0, :10] == 12345.0)
 
 
+@pytest.mark.parametrize("method", ["radix6", "auto"])
 @pytest.mark.parametrize(("lens", "topk", "page_size", "nprog"), [
     ([0, 5, 24, 25, 300], 24, 7, 4),       # empty, shorter, equal, one over, much longer
     ([0, 5, 24, 25, 300], 24, 7, 1),
     ([100, 97], 16, 64, 8),
 ])
 def test_topk_matches_torch_topk(gen: torch.Generator, lens: list[int], topk: int,
-                                 page_size: int, nprog: int) -> None:
+                                 page_size: int, nprog: int, method: str) -> None:
     b, max_len = len(lens), 320
     logits = torch.randn(b, max_len, generator=gen)
     # plant ties at the threshold region and negative values
@@ -52,7 +53,7 @@ def test_topk_matches_torch_topk(gen: torch.Generator, lens: list[int], topk: in
     lens_t = torch.tensor(lens, dtype=torch.int32)
     raw = torch.empty(b, topk, dtype=torch.int32)
     slots = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, block=32,
-                         nprog=nprog)
+                         nprog=nprog, method=method, direct=64)
     res = check_topk(slots, raw, logits, lens_t, pt, page_size, topk)
     assert res["ok"], res
     ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
@@ -66,8 +67,11 @@ def test_topk_all_equal_is_deterministic(gen: torch.Generator) -> None:
     pt = torch.arange(10, dtype=torch.int32).view(1, 10)
     lens = torch.tensor([50], dtype=torch.int32)
     raw = torch.empty(1, 8, dtype=torch.int32)
-    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw, block=16, nprog=2)
+    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw, block=16, nprog=2, method="radix6")
     assert raw[0].tolist() == list(range(8))  # ties resolved in index order
+    raw.fill_(0)
+    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw)  # auto, package defaults
+    assert raw[0].tolist() == list(range(8))
 
 
 def test_dsa_indexer_end_to_end(gen: torch.Generator) -> None:
