@@ -168,8 +168,7 @@ def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr
 
 @triton.jit
 def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK: tl.constexpr,
-                NSPLIT: tl.constexpr, FUSE: tl.constexpr):
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr):
     """Write a [BH, 512] result: final output and sink-exclusive LSE (one split), or the split's
     normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (bf16
     for pf: half the bytes and half the layout-conversion scratch; the combine works in fp32)."""
@@ -193,20 +192,6 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
         tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
                  o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
-        if FUSE:
-            # Split-K fix-up in the kernel: the split that arrives last for this (row, head
-            # block) merges all partials, saving the combine launch and its DRAM round trip.
-            # The barrier orders every thread's partial stores before the release-acquire
-            # atomic (one thread); the merge reads partials through L2 (.cg), never L1.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + r * tl.num_programs(1) + tl.program_id(1), 1,
-                                    sem="acq_rel", scope="gpu")
-            if arrived == NSPLIT - 1:
-                for cb in tl.static_range(4):
-                    _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh,
-                                   lse_ptr, H, s_q, r, bidx, heads, hmask,
-                                   cb * 128 + tl.arange(0, 128), cb == 0, HAS_SINK, NSPLIT,
-                                   ".cg")
 
 
 @triton.jit
@@ -358,10 +343,10 @@ def _sparse_decode_full_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr, cnt_ptr,
+    op_ptr, lp_ptr,
     H, s_q, qk_scale,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     r = tl.program_id(0)
@@ -398,7 +383,7 @@ def _sparse_decode_full_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
 
 
 @triton.jit
@@ -467,10 +452,10 @@ def _sparse_decode_pf_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr, cnt_ptr,
+    op_ptr, lp_ptr,
     H, s_q, qk_scale,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Full-width variant with one tile of loads in flight ahead of the matrix products.
@@ -525,7 +510,7 @@ def _sparse_decode_pf_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, idx >= 0, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
 
 
 @triton.jit
@@ -598,10 +583,10 @@ def _sparse_decode_staged_kernel(
     q_ptr, stride_qr, stride_qh, kv_ptr, ok_ptr,
     a_len, a_topk, b_len, b_topk,
     sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr, cnt_ptr,
+    op_ptr, lp_ptr,
     H, s_q, qk_scale, A_PAD, T_PAD,
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, FUSE: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
     LOAD_EV: tl.constexpr,
 ):
@@ -643,44 +628,7 @@ def _sparse_decode_staged_kernel(
         m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, cnt_ptr, HAS_SINK, NSPLIT, FUSE)
-
-
-@triton.jit
-def _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
-                   bidx, heads, hmask, dd, WRITE_LSE: tl.constexpr, HAS_SINK: tl.constexpr,
-                   NSPLIT: tl.constexpr, CACHE: tl.constexpr):
-    """Merge the split partials of one row for ``heads`` x columns ``dd`` (log-sum-exp, base 2)
-    and write the final output (and, if ``WRITE_LSE``, the sink-exclusive natural-log LSE)."""
-    gmax = tl.full(heads.shape, float("-inf"), tl.float32)
-    for s in range(NSPLIT):
-        lp = tl.load(lp_ptr + (r * NSPLIT + s).to(tl.int64) * H + heads, mask=hmask,
-                     other=float("-inf"), cache_modifier=CACHE)
-        gmax = tl.maximum(gmax, lp)
-    gm = tl.where(gmax == float("-inf"), 0.0, gmax)
-    tot = tl.zeros(heads.shape, tl.float32)
-    acc = tl.zeros([heads.shape[0], dd.shape[0]], tl.float32)
-    for s in range(NSPLIT):
-        prow = (r * NSPLIT + s).to(tl.int64) * H
-        lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"), cache_modifier=CACHE)
-        w = tl.math.exp2(lp - gm)
-        tot += w
-        o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
-                    other=0.0, cache_modifier=CACHE).to(tl.float32)
-        acc += w[:, None] * o
-    has = tot > 0.0
-    safe = tl.where(has, tot, 1.0)
-    out = acc / safe[:, None]
-    lse = (tl.math.log2(safe) + gm) * 0.6931471805599453
-    if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
-        out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-    out = tl.where(has[:, None], out, 0.0)
-    tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
-    if WRITE_LSE:
-        lse = tl.where(has, lse, float("inf"))
-        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
 
 
 @triton.jit
@@ -690,25 +638,58 @@ def _combine_kernel(
 ):
     """Merge split partials of (row, head block, column block) with a log-sum-exp (base 2)."""
     r = tl.program_id(0)
+    hb = tl.program_id(1)
     cb = tl.program_id(2)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    if cb == 0:
-        _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
-                       r // s_q, heads, heads < H, tl.arange(0, DC), True, HAS_SINK, NSPLIT, "")
-    else:
-        _combine_block(op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q, r,
-                       r // s_q, heads, heads < H, cb * DC + tl.arange(0, DC), False, HAS_SINK,
-                       NSPLIT, "")
+    bidx = r // s_q
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    dd = cb * DC + tl.arange(0, DC)
+    gmax = tl.full([BH], float("-inf"), tl.float32)
+    for s in range(NSPLIT):
+        lp = tl.load(lp_ptr + (r * NSPLIT + s).to(tl.int64) * H + heads, mask=hmask,
+                     other=float("-inf"))
+        gmax = tl.maximum(gmax, lp)
+    gm = tl.where(gmax == float("-inf"), 0.0, gmax)
+    tot = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, DC], tl.float32)
+    for s in range(NSPLIT):
+        prow = (r * NSPLIT + s).to(tl.int64) * H
+        lp = tl.load(lp_ptr + prow + heads, mask=hmask, other=float("-inf"))
+        w = tl.math.exp2(lp - gm)
+        tot += w
+        o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
+                    other=0.0).to(tl.float32)
+        acc += w[:, None] * o
+    has = tot > 0.0
+    safe = tl.where(has, tot, 1.0)
+    out = acc / safe[:, None]
+    lse = (tl.math.log2(safe) + gm) * 0.6931471805599453
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+    out = tl.where(has[:, None], out, 0.0)
+    lse = tl.where(has, lse, float("inf"))
+    tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
+    tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse,
+             mask=hmask & ((heads * 0 + cb) == 0))
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Kernel variant and tiles. ``None`` fields are chosen from static shapes.
 
-    ``variant``: ``"full"`` (one program per row x head block accumulates all 512 output
-    columns: fewest bytes and FLOPs, best once rows fill the GPU) or ``"dsplit"`` (two programs
-    per row x head block, each accumulating 256 columns after a shared ``Q K^T``: twice the
-    programs and a quarter of the spills, best for small batches). See NOTES.md v1-v3.
+    ``variant``: ``"full"`` (one program per row x head block gathers, dequantizes and
+    accumulates all 512 output columns), ``"dsplit"`` (two programs per row x head block, each
+    accumulating 256 columns after a shared ``Q K^T``: for a handful of rows), ``"pf"`` (full
+    width, one loop over SWA + extra tiles with the next tile's loads issued a step ahead; fits
+    99 KB) or ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
+    attention whose tile loads Triton pipelines into shared memory). Numbers: NOTES.md v1-v5.
+
+    Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
+    ``bf16_partials`` (split partials in bf16; default for pf and staged), ``stage_block``
+    (keys per staging program), ``l2_hints`` (staged: stream the cache past L2 and keep the
+    scratch in it).
     """
 
     block_h: int = 64
@@ -721,40 +702,44 @@ class DecodeConfig:
     bf16_partials: bool | None = None
     stage_block: int | None = None
     l2_hints: bool = True
-    fused_combine: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()
-# Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3/v4).
+# Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "staged": (32, 2, 8)}
+                  "staged": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
+# "staged" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch, Triton 3.6, sm_90.
+_STAGED_SMEM = 200 * 1024
 
 
 def available_variants(max_shared: int) -> tuple[str, ...]:
     """Variants whose default tiles fit a device with ``max_shared`` bytes per block."""
-    return ("full", "dsplit", "pf") if max_shared >= _FULL_SMEM else ("dsplit", "pf")
+    if max_shared >= _STAGED_SMEM:
+        return ("full", "dsplit", "pf", "staged")
+    if max_shared >= _FULL_SMEM:
+        return ("full", "dsplit", "pf")
+    return ("dsplit", "pf")
 
 
 def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int
                    ) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements (NOTES.md v4): once rows fill the GPU, ``full`` wins (B=64: 63 µs vs 75 µs
-    for pf BT 16 and 115 µs for dsplit); for a handful of rows dsplit at BT 64 (B=1: 20 µs vs
-    24 µs); in between pf at BT 16 (B=8, top-k 1024: 31 µs vs 36-40 µs). Devices with 99 KB per
-    block (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there.
+    H200 measurements, side by side in one run (NOTES.md v5, sweep 14): ``staged`` at BT 64 is
+    the fastest from B=8 up (B=64/512: 58.8 µs vs 65.2 for ``full`` and 74.4 for ``pf``;
+    B=128: 98.9 vs 103.8; B=8/1024: 31.3 vs 32.3 for pf); for a handful of programs dsplit
+    at BT 64 (B=1: ~20 µs, NOTES.md v4), whose split-K gain is the larger one. Devices with
+    99 KB per block (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there
+    (staged needs 196 KB at BT 64; at BT 16 it fits in 84 KB but ran slower than pf).
     """
     if max_shared < _FULL_SMEM:
         return "pf", None
-    programs = rows * head_blocks
-    if 4 * programs > sms:
-        return "full", None
-    if programs <= 4:
+    if rows * head_blocks <= 4:
         return "dsplit", 64
-    return "pf", None
+    return ("staged" if max_shared >= _STAGED_SMEM else "full"), None
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -836,9 +821,8 @@ def sparse_mla_decode(
     block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
     head_blocks = triton.cdiv(h, block_h)
     sms = device_sms(q)
-    # dsplit doubles the programs; worth it only while the grid is far from filling the GPU.
-    # The full variant needs 128-196 KB of shared memory (compiled for sm_90 and sm_120 with
-    # Triton 3.9, NOTES.md v3), so 99 KB parts (sm_120, sm_89) always take dsplit (~70 KB).
+    # Static choice from shapes and the device's shared memory (choose_variant: 99 KB parts
+    # take pf, the H200 dsplit for a handful of rows and staged otherwise).
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q))
     variant = cfg.variant or auto_variant
     if variant not in _VARIANT_TILES:
@@ -897,9 +881,6 @@ class _Launch:
              nsplit: int) -> None:
         rows, h = q2.shape[0], self.h
         dev = q2.device
-        fuse = nsplit > 1 and self.cfg.fused_combine and self.variant != "dsplit"
-        cnt = torch.zeros(rows * triton.cdiv(h, self.block_h) if fuse else 1, dtype=torch.int32,
-                          device=dev)
         if nsplit > 1:
             bf16 = self.cfg.bf16_partials
             if bf16 is None:
@@ -917,7 +898,6 @@ class _Launch:
                      B_HAS_LEN=self.has_b and bk.length is not None)
         heads = dict(HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=self.block_h,
                      BT=self.block_t, DOT_F32=interpreting())
-        fused = dict(FUSE=fuse) if self.variant != "dsplit" else {}
         head_blocks = triton.cdiv(h, self.block_h)
         if self.variant == "staged":
             bt = self.block_t
@@ -939,8 +919,8 @@ class _Launch:
             )
             _sparse_decode_staged_kernel[(rows, head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1), kv, ok, a_len, a.topk, b_len, bk.topk,
-                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part, cnt,
-                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads, **fused,
+                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
+                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads,
                 STAGES=self.num_stages, LOAD_EV="evict_first" if ev else "",
                 num_warps=self.num_warps,
             )
@@ -953,11 +933,10 @@ class _Launch:
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
                 bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
                 sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                *((cnt,) if self.variant != "dsplit" else ()),
-                h, self.s_q, self.qk_scale, **flags, **heads, **fused,
+                h, self.s_q, self.qk_scale, **flags, **heads,
                 num_warps=self.num_warps, num_stages=self.num_stages, **extra,
             )
-        if nsplit > 1 and not fuse:
+        if nsplit > 1:
             bhc = 16
             _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
                 o_part, l_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,

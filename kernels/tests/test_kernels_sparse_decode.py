@@ -39,11 +39,32 @@ def _run(case, nsplit: int, variant: str, prefetch: bool = True) -> dict[str, ob
     ],
 )
 @pytest.mark.parametrize(("variant", "prefetch"), [("full", True), ("dsplit", True), ("pf", True),
-                                                   ("pf", False)])
+                                                   ("pf", False), ("staged", True)])
 def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int,
                                   variant: str, prefetch: bool) -> None:
     res = _run(make_decode_case(gen, **spec), nsplit, variant, prefetch)
     assert res["ok"], res
+
+
+@pytest.mark.parametrize(("block_t", "stage_block"), [(32, 8), (16, 16), (32, 32)])
+def test_staged_tiles_and_staging_blocks(gen: torch.Generator, block_t: int,
+                                         stage_block: int) -> None:
+    """Staging blocks smaller than the attention tile, SWA lists that are not a tile multiple."""
+    case = make_decode_case(gen, batch=2, heads=16, topk=40, extra_topk=24, page_size=7,
+                            extra_page_size=3, lengths="random", invalid_frac=0.25)
+    cfg = DecodeConfig(block_h=16, block_t=block_t, num_warps=4, num_stages=2, nsplit=2,
+                       variant="staged", stage_block=stage_block)
+    res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=cfg),
+                         *ref_sparse_decode(**case.kwargs()))
+    assert res["ok"], res
+
+
+def test_staged_rejects_a_staging_block_that_does_not_divide_the_tile(
+        gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=16)
+    with pytest.raises(ValueError, match="stage_block"):
+        sparse_mla_decode(**case.kwargs(), config=DecodeConfig(
+            block_h=16, block_t=16, variant="staged", stage_block=32))
 
 
 def test_all_indices_invalid_gives_zero_and_inf(gen: torch.Generator) -> None:
@@ -107,13 +128,17 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     from dsv4_kernels.sparse_decode import available_variants, choose_variant
 
     h200, sm120 = 232448, 101376
-    assert choose_variant(64, 1, 132, h200) == ("full", None)
+    assert choose_variant(64, 1, 132, h200) == ("staged", None)
     assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)
-    assert choose_variant(8, 1, 132, h200) == ("pf", None)
+    assert choose_variant(8, 1, 132, h200) == ("staged", None)
     # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
     for rows in (1, 8, 64, 128):
         assert choose_variant(rows, 1, 188, sm120)[0] in available_variants(sm120)
     assert "full" not in available_variants(sm120)
+    assert "staged" not in available_variants(sm120)  # 196 KB at its default BT 64
+    a100 = 167936  # 164 KB: full fits, staged's default tiles do not
+    assert choose_variant(64, 1, 108, a100) == ("full", None)
+    assert "staged" not in available_variants(a100)
 
 
 @pytest.mark.parametrize(("variant", "bf16_partials"), [("full", True), ("pf", False)])

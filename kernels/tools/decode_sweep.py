@@ -25,7 +25,7 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
     def st(**kw: object) -> DecodeConfig:
         return DecodeConfig(variant="staged", **kw)  # type: ignore[arg-type]
 
-    out = [st(block_t=64, num_stages=2), st(block_t=64, num_stages=2, fused_combine=False),
+    out = [st(block_t=64, num_stages=2),
            st(block_t=64, num_stages=2, l2_hints=False),
            st(block_t=64, num_stages=2, bf16_partials=False), st(block_t=32, num_stages=3),
            st(block_h=32, block_t=32, num_stages=2, num_warps=4, nsplit=1),
@@ -38,9 +38,8 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
     if only == "staged":
-        return [DecodeConfig(variant="full"), DecodeConfig(variant="full", fused_combine=False),
-                DecodeConfig(variant="pf", block_t=16),
-                DecodeConfig(variant="pf", block_t=16, fused_combine=False),
+        return [DecodeConfig(variant="full"), DecodeConfig(variant="pf", block_t=16),
+                DecodeConfig(variant="dsplit", block_t=64),
                 *staged_configs(bsz)]
     if limits:  # only what fits sm_120's 99 KB per block (kernels.md 5.2)
         return [DecodeConfig(variant="pf", block_t=16, num_warps=8),
@@ -99,7 +98,7 @@ def main() -> int:
                 continue
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
-                    f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} fc={int(cfg.fused_combine)}"
+                    f" bg={cfg.stage_block} l2={int(cfg.l2_hints)}"
                     f" bh={cfg.block_h}")
             try:
                 t0 = time.time()
