@@ -514,6 +514,166 @@ def _sparse_decode_pf_kernel(
 
 
 @triton.jit
+def _gp_chunk(raw, e, DT: tl.constexpr):
+    """One FP8 chunk [BT, 64] times its UE8M0 scales [BT] (exact in bf16: a power of two)."""
+    scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DT)
+
+
+@triton.jit
+def _gp_tile(u8, bf, i_row, t, n, ps, pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i,
+             a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT: tl.constexpr, DT: tl.constexpr,
+             PREC: tl.constexpr):
+    """One tile of ``gp``: every load first (indices, then seven FP8 chunks, their scales and the
+    rope), so the software pipeliner can issue them stages ahead; then eight 64-wide products
+    per step, accumulated in eight [BH, 64] chunks."""
+    offs = t * BT + tl.arange(0, BT)
+    idx = tl.load(i_row + offs, mask=offs < n, other=-1)
+    valid = idx >= 0
+    safe = tl.maximum(idx, 0).to(tl.int64)
+    page = safe // ps
+    off = safe - page * ps
+    base = page * pb + off * 576
+    sbase = page * pb + ps * 576 + off * 8
+    d = tl.arange(0, 64)
+    vm = valid[:, None]
+    r0 = tl.load(u8 + base[:, None] + d[None, :], mask=vm, other=0)
+    r1 = tl.load(u8 + base[:, None] + (64 + d)[None, :], mask=vm, other=0)
+    r2 = tl.load(u8 + base[:, None] + (128 + d)[None, :], mask=vm, other=0)
+    r3 = tl.load(u8 + base[:, None] + (192 + d)[None, :], mask=vm, other=0)
+    r4 = tl.load(u8 + base[:, None] + (256 + d)[None, :], mask=vm, other=0)
+    r5 = tl.load(u8 + base[:, None] + (320 + d)[None, :], mask=vm, other=0)
+    r6 = tl.load(u8 + base[:, None] + (384 + d)[None, :], mask=vm, other=0)
+    rope = tl.load(bf + (base // 2 + 224)[:, None] + d[None, :], mask=vm, other=0.0).to(DT)
+    k0 = _gp_chunk(r0, tl.load(u8 + sbase, mask=valid, other=0), DT)
+    k1 = _gp_chunk(r1, tl.load(u8 + sbase + 1, mask=valid, other=0), DT)
+    k2 = _gp_chunk(r2, tl.load(u8 + sbase + 2, mask=valid, other=0), DT)
+    k3 = _gp_chunk(r3, tl.load(u8 + sbase + 3, mask=valid, other=0), DT)
+    k4 = _gp_chunk(r4, tl.load(u8 + sbase + 4, mask=valid, other=0), DT)
+    k5 = _gp_chunk(r5, tl.load(u8 + sbase + 5, mask=valid, other=0), DT)
+    k6 = _gp_chunk(r6, tl.load(u8 + sbase + 6, mask=valid, other=0), DT)
+    s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+    s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
+    s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
+    s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
+    s = tl.dot(q4, tl.trans(k4), s, input_precision=PREC)
+    s = tl.dot(q5, tl.trans(k5), s, input_precision=PREC)
+    s = tl.dot(q6, tl.trans(k6), s, input_precision=PREC)
+    s = tl.dot(q7, tl.trans(rope), s, input_precision=PREC)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pd = p.to(DT)
+    a0 = tl.dot(pd, k0, a0 * alpha[:, None], input_precision=PREC)
+    a1 = tl.dot(pd, k1, a1 * alpha[:, None], input_precision=PREC)
+    a2 = tl.dot(pd, k2, a2 * alpha[:, None], input_precision=PREC)
+    a3 = tl.dot(pd, k3, a3 * alpha[:, None], input_precision=PREC)
+    a4 = tl.dot(pd, k4, a4 * alpha[:, None], input_precision=PREC)
+    a5 = tl.dot(pd, k5, a5 * alpha[:, None], input_precision=PREC)
+    a6 = tl.dot(pd, k6, a6 * alpha[:, None], input_precision=PREC)
+    a7 = tl.dot(pd, rope, a7 * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _sparse_decode_gp_kernel(
+    q_ptr, stride_qr, stride_qh,
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Fused gather + attention in 64-column chunks, loads pipelined ``STAGES`` tiles ahead.
+
+    Unlike ``full`` (one [BT, 8, 64] gather converted in registers), each chunk is a plain
+    [BT, 64] gather that Triton can copy asynchronously into shared memory, then dequantize on
+    the way to the tensor cores; no scratch buffer, only the cache's own bytes are read.
+    """
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    q_row = r.to(tl.int64) * stride_qr
+    q0 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 0, DT)
+    q1 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 1, DT)
+    q2 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 2, DT)
+    q3 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 3, DT)
+    q4 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 4, DT)
+    q5 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 5, DT)
+    q6 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 6, DT)
+    q7 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 7, DT)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    a0 = tl.zeros([BH, 64], tl.float32)
+    a1 = tl.zeros([BH, 64], tl.float32)
+    a2 = tl.zeros([BH, 64], tl.float32)
+    a3 = tl.zeros([BH, 64], tl.float32)
+    a4 = tl.zeros([BH, 64], tl.float32)
+    a5 = tl.zeros([BH, 64], tl.float32)
+    a6 = tl.zeros([BH, 64], tl.float32)
+    a7 = tl.zeros([BH, 64], tl.float32)
+    a_row = a_idx + r.to(tl.int64) * stride_ar
+    for t in tl.range(lo, tl.minimum(hi, tiles_a), num_stages=STAGES):
+        m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _gp_tile(
+            a_u8, a_bf16, a_row, t, n_a, a_ps, a_pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i,
+            a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT, DT, PREC)
+    if HAS_B:
+        b_row = b_idx + r.to(tl.int64) * stride_br
+        for t in tl.range(tl.maximum(lo, tiles_a) - tiles_a, hi - tiles_a, num_stages=STAGES):
+            m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _gp_tile(
+                b_u8, b_bf16, b_row, t, n_b, b_ps, b_pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i,
+                l_i, a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT, DT, PREC)
+
+    has = l_i > 0.0
+    safe_l = tl.where(has, l_i, 1.0)
+    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
+    f = 1.0 / safe_l
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+            f = f * (1.0 / (1.0 + tl.exp(sink - lse)))
+        f = tl.where(has, f, 0.0)
+        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q),
+                 tl.where(has, lse, float("inf")), mask=hmask)
+        dst = o_ptr
+        row = r.to(tl.int64) * stride_or
+        sh = stride_oh
+    else:
+        prow = (r * NSPLIT + sp).to(tl.int64) * H
+        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+        dst = op_ptr
+        row = prow * 512
+        sh = 512
+    fc = f[:, None]
+    _store_chunk(dst, row, heads, hmask, sh, 0, a0 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 1, a1 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 2, a2 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 3, a3 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 4, a4 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 5, a5 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 6, a6 * fc)
+    _store_chunk(dst, row, heads, hmask, sh, 7, a7 * fc)
+
+
+@triton.jit
 def _stage_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
@@ -707,7 +867,7 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "staged": (64, 2, 8)}
+                  "staged": (64, 2, 8), "gp": (32, 3, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
@@ -718,9 +878,9 @@ _STAGED_SMEM = 200 * 1024
 def available_variants(max_shared: int) -> tuple[str, ...]:
     """Variants whose default tiles fit a device with ``max_shared`` bytes per block."""
     if max_shared >= _STAGED_SMEM:
-        return ("full", "dsplit", "pf", "staged")
+        return ("full", "dsplit", "pf", "staged", "gp")
     if max_shared >= _FULL_SMEM:
-        return ("full", "dsplit", "pf")
+        return ("full", "dsplit", "pf", "gp")
     return ("dsplit", "pf")
 
 
@@ -926,8 +1086,12 @@ class _Launch:
             )
         else:
             kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
-                      "pf": _sparse_decode_pf_kernel}[self.variant]
-            extra = {"PREFETCH": self.cfg.prefetch} if self.variant == "pf" else {}
+                      "pf": _sparse_decode_pf_kernel, "gp": _sparse_decode_gp_kernel}[self.variant]
+            extra: dict[str, object] = {}
+            if self.variant == "pf":
+                extra["PREFETCH"] = self.cfg.prefetch
+            if self.variant == "gp":
+                extra["STAGES"] = self.num_stages
             kernel[(rows, self.col_blocks * head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1),
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,

@@ -39,7 +39,8 @@ def _run(case, nsplit: int, variant: str, prefetch: bool = True) -> dict[str, ob
     ],
 )
 @pytest.mark.parametrize(("variant", "prefetch"), [("full", True), ("dsplit", True), ("pf", True),
-                                                   ("pf", False), ("staged", True)])
+                                                   ("pf", False), ("staged", True),
+                                                   ("gp", True)])
 def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int,
                                   variant: str, prefetch: bool) -> None:
     res = _run(make_decode_case(gen, **spec), nsplit, variant, prefetch)

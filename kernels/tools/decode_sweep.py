@@ -37,6 +37,10 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
+    if only == "gp":
+        return [DecodeConfig(variant="staged"),
+                *(DecodeConfig(variant="gp", block_t=bt, num_stages=st)
+                  for bt, st in ((32, 3), (16, 3), (64, 2), (32, 2), (16, 4)))]
     if only == "staged":
         return [DecodeConfig(variant="full"), DecodeConfig(variant="pf", block_t=16),
                 DecodeConfig(variant="dsplit", block_t=64),
@@ -69,7 +73,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
-    ap.add_argument("--only", choices=["staged"], help="one variant family (plus references)")
+    ap.add_argument("--only", choices=["staged", "gp"], help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceil = ceilings(dev)
