@@ -10,16 +10,21 @@ whatever the real length. Here all work and traffic follow each row's real lengt
   default, one contiguous run with ``contiguous=True``), computing
   ``scale[n] * sum_h w[h] * relu(q_h . k_n)`` with an FP8 ``tl.dot`` (keys as M so that
   Hopper can use wgmma). Nothing past ``len`` is touched unless ``clean=True`` (the SGLang
-  drop-in contract, which fills ``-inf`` there). ``num_warps``, ``num_stages``, ``block_n``,
-  ``nsplit`` and ``contiguous`` are sweepable (``python -m dsv4_kernels.indexer_sweep``).
+  drop-in contract, which fills ``-inf`` there). When ``block_n`` divides the page size
+  (``aligned``, the default; page 64 in SGLang), a block is one page id and one contiguous
+  tile, and the per-key scales are loaded a block ahead (``prefetch``): Triton pipelines only
+  the tiles that feed the dot, so without it every iteration waited for a page-id load and
+  the dependent scale load (H200, 128K: 110 -> 85.6 µs, bit-identical). ``num_warps``,
+  ``num_stages``, ``block_n``, ``nsplit`` and ``contiguous`` are sweepable
+  (``python -m dsv4_kernels.indexer_sweep``).
 * ``indexer_topk``: rows with ``len <= k`` emit ``0..len-1`` and -1; longer rows select the
   exact top ``k`` (ties at the threshold taken in position order, output in ascending position
   order) with the page-table transform to physical slots (``page_table[b, i // ps] * ps +
-  i % ps``, FlashMLA's ``extra_indices``) fused into the write. Two implementations give
+  i % ps``, FlashMLA's ``extra_indices``) fused into the write. Three implementations give
   bit-identical output:
 
-  - ``radix1`` (default for batches that fill >= 1/4 of the SMs): **one launch, one program
-    per row**. The earlier version (``radix6``) spent ~116 µs at B=64 / 128K in six launches
+  - ``radix1`` (the default before radix3): **one launch, one program per row**. The
+    earlier version (``radix6``) spent ~116 µs at B=64 / 128K in six launches
     of ~19 µs each that read only 8 MB of L2-resident logits: latency and launches, not
     bytes. radix1 reads the row twice and then works on a short list: (A) a histogram of a
     *windowed* digit ``clamp((key >> (23 - mant_bits)) - base, 0, 2^hist_bits - 1)`` of the
@@ -35,11 +40,22 @@ whatever the real length. Here all work and traffic follow each row's real lengt
     distributions far from the sample), run the same radix select on the row itself: slower,
     never wrong. Histograms need no mask: masked or non-matching keys go to bin 0 and are
     subtracted afterwards (their number is known).
+  - ``radix3`` (default): radix1's method with the two row scans split over ``nprog``
+    programs per row (radix1 keeps 64 of an H200's 132 SMs busy at B=64 and its program reads
+    a 128 KB row twice). Launch A: each program histograms its chunk (the window anchor comes
+    from the same sample of runs of keys in every program) and *stores* the chunk histogram.
+    Launch B: each program sums the row's chunk histograms, finds the threshold bin and
+    copies its chunk's candidates (positions and keys) into the row list at an offset read
+    off the earlier chunks' histograms: position order without atomics or zeroing. Launch C
+    (one program per row): the threshold bin's keys share their top ``9 + mant_bits`` bits,
+    so the exact select starts below them (2-3 passes over the list, not four) and writes.
+    ``fuse=True`` runs C in the last-arriving B program of each row instead (an arrival
+    counter, CUTLASS-semaphore ordering), one launch fewer.
   - ``radix6``: each row split over ``nprog`` programs, four 8-bit radix passes whose
     histograms meet in a global buffer (atomics), a count pass and a compaction pass; kept
-    for small batches (more programs per row) and for side-by-side timing.
+    for side-by-side timing.
 
-Both are capture-safe: fixed grids from static values, lengths read on the device, scratch
+All are capture-safe: fixed grids from static values, lengths read on the device, scratch
 buffers allocated per call (no host synchronisation).
 """
 
@@ -859,7 +875,7 @@ def indexer_topk(
     method: str = "auto",
     num_warps: int | None = None,
     cap: int = 4096,
-    direct: int = 4096,
+    direct: int | None = None,
     hist_bits: int = 7,  # H200 sweep (NOTES.md v4): 7/2 61 µs vs 8/3 70 µs at 128K, B=64
     mant_bits: int = 2,
     sel_block: int | None = None,
@@ -874,11 +890,16 @@ def indexer_topk(
 
     ``method``: ``radix1`` is one launch with one program per row (module docstring; tunables
     ``block`` keys per step (default 2048), ``num_warps`` (16), ``cap`` candidate-list entries,
-    ``direct`` (rows up to this length skip the windowed pass), ``hist_bits``/``mant_bits`` of
-    the windowed digit). ``radix6`` is the earlier six-launch version (``nprog`` programs per
-    row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix1`` when the rows fill at least
-    a quarter of the SMs (B >= 33 on an H200) and ``radix6`` below, where one program per row
-    would leave most of the device idle on long rows (a static choice: capture-safe).
+    ``direct`` (rows up to this length skip the windowed pass; default 4096),
+    ``hist_bits``/``mant_bits`` of the windowed digit). ``radix3`` (``direct`` default
+    ``topk``) splits the row scans over ``nprog`` programs per row
+    (default ``radix3_nprog``: about four programs per SM) with ``block``/``num_warps``
+    (default ``R3_BLOCK``/``R3_WARPS``), and selects on the list with ``sel_block``/
+    ``sel_warps`` (``R3_SEL_BLOCK``/``R3_SEL_WARPS``) in a third launch, or with ``fuse`` in
+    the last of each row's compaction programs. ``radix6`` is the earlier six-launch version
+    (``nprog`` programs per row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix3``
+    (H200: faster than radix1 at B=64 from 64K keys and than radix6 at B=8 with 1M-token
+    rows; see ``indexer_sweep`` for short rows, where its three launches have little work).
     """
     rows = logits.shape[0]
     lens = _rows_lens(seq_lens, rows)
@@ -896,13 +917,15 @@ def indexer_topk(
     max_len = logits.shape[1]
     if method == "radix1":
         _topk_radix1(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
-                     max_len, block or 2048, num_warps or 16, cap, direct, hist_bits, mant_bits)
+                     max_len, block or 2048, num_warps or 16, cap,
+                     4096 if direct is None else direct, hist_bits, mant_bits)
         return out
     if method == "radix3":
         _topk_radix3(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
                      max_len, nprog or radix3_nprog(rows, device_sms(logits)),
                      block or R3_BLOCK, num_warps or R3_WARPS, sel_block or R3_SEL_BLOCK,
-                     sel_warps or R3_SEL_WARPS, cap, direct, hist_bits, mant_bits, fuse)
+                     sel_warps or R3_SEL_WARPS, cap, topk if direct is None else direct,
+                     hist_bits, mant_bits, fuse)
         return out
     block = block or 2048
     if nprog is None:
@@ -943,7 +966,10 @@ def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
 
 
 # radix3 defaults (H200 sweeps, ``python -m dsv4_kernels.indexer_sweep``)
-R3_BLOCK, R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS = 1024, 4, 2048, 8
+# (run 2: sel 1024/4 warps 35.9 µs vs 2048/8 36.4 at 128K). radix3 sends every row longer than
+# k through the list (``direct`` default k): its select on the row itself, with one program
+# per row, cost 21 µs at 1K-key rows (radix1, one launch, 10.8).
+R3_BLOCK, R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS = 1024, 4, 1024, 4
 
 
 def radix3_nprog(rows: int, sms: int) -> int:

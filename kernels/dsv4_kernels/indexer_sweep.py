@@ -10,7 +10,8 @@ same pool, seeds and Timer as ``bench.bench_indexer``), then prints one table:
 * top-k on tie-heavy logits (the 128K logits rounded to quarters) and at B=8 with 1M-token rows
   (262144 keys, random logits), where one program per row has the least parallelism;
 * logits configurations at 128K, each judged against the fp32 reference;
-* logits + top-k at 128K@1M, 64K@1M, 4K@1M and 4K@4K for each top-k method side by side, timed
+* logits + top-k at 128K, 64K, 16K and 4K under a 1M maximum and at 4K@4K, old and new
+  defaults and radix3 alternatives side by side, timed
   as ``bench._indexer_point`` times them (graph replays of logits then top-k, L2 flushed; the
   top-k share is the difference to the logits alone).
 
@@ -50,37 +51,31 @@ TOPK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("radix1 default (previous default)", dict(method="radix1")),
     ("radix3 default", dict(method=R3)),
     ("radix3 fuse (B+C in one launch)", dict(method=R3, fuse=True)),
-    ("radix3 nprog=4", dict(method=R3, nprog=4)),
+    ("radix3 direct=4096 (row select for rows <= 4096)", dict(method=R3, direct=4096)),
+    ("radix3 sel_block=2048 sel_warps=8 (run 2 default)",
+     dict(method=R3, sel_block=2048, sel_warps=8)),
     ("radix3 nprog=16", dict(method=R3, nprog=16)),
     ("radix3 block=512", dict(method=R3, block=512)),
-    ("radix3 block=2048 warps=8", dict(method=R3, block=2048, num_warps=8)),
-    ("radix3 sel_warps=16", dict(method=R3, sel_warps=16)),
-    ("radix3 sel_block=1024 sel_warps=4", dict(method=R3, sel_block=1024, sel_warps=4)),
-    ("radix3 fuse nprog=4", dict(method=R3, fuse=True, nprog=4)),
-    ("radix3 fuse sel_block=1024", dict(method=R3, fuse=True, sel_block=1024)),
 ]
 
 # logits + top-k side by side at each (context, maximum context) point: (name, logits keywords,
 # top-k keywords); the first is the previous package default
 OLD_LOGITS: dict[str, Any] = dict(aligned=False, prefetch=False)
 POINT_METHODS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-    ("old: logits unaligned, radix1", OLD_LOGITS, dict(method="radix1")),
+    ("old defaults: logits unaligned, radix1", OLD_LOGITS, dict(method="radix1")),
     ("logits default, radix1", {}, dict(method="radix1")),
-    ("logits default, radix3", {}, dict(method=R3)),
+    ("defaults (auto = radix3)", {}, {}),
     ("logits default, radix3 fuse", {}, dict(method=R3, fuse=True)),
-    ("defaults (auto)", {}, {}),
+    ("logits default, radix3 direct=4096", {}, dict(method=R3, direct=4096)),
 ]
 
 # logits settings (keywords of indexer_logits); the first is the package default. Run 11
 # (NOTES.md v4) covered stages 5-8, nsplit 4-12, contiguous, block_n 32/128 and 8 warps.
 LOGITS_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    # run 2: stages 4 108.8 µs, 6 85.7, nsplit 12 105.8, 6 90.7 (default 85.9)
     ("default (aligned, prefetch, 5 stages)", {}),
     ("old default (unaligned, no prefetch)", OLD_LOGITS),
     ("aligned, no prefetch", dict(prefetch=False)),
-    ("stages=4", dict(num_stages=4)),
-    ("stages=6", dict(num_stages=6)),
-    ("nsplit=12", dict(nsplit=12)),
-    ("nsplit=6", dict(nsplit=6)),
     ("contiguous", dict(contiguous=True)),
 ]
 
@@ -147,7 +142,7 @@ def _radix3_breakdown(sw: Sweep, timer: Timer, logits: torch.Tensor, lens: torch
         try:
             t = timer.graph(lambda stages=stages: _topk_radix3(
                 logits, lens, pt, PAGE, TOPK, out, out, False, max_len, nprog, R3_BLOCK,
-                R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS, 4096, 4096, 7, 2, False, stages))
+                R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS, 4096, TOPK, 7, 2, False, stages))
             sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", t, None)
         except Exception as exc:
             sw.add("topk 128K B=64", f"radix3 launches 1..{stages} only", None, None, _fail(exc))
@@ -265,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 sw.add("logits 128K B=64", name, None, None, _fail(exc))
     if "points" not in skip:
         setup = {"q": q, "w": w, "cache": cache, "used_pt": used_pt}
-        for ctx, max_ctx in ((2**17, MAX_CTX), (2**16, MAX_CTX), (4096, MAX_CTX), (4096, 4096)):
+        for ctx, max_ctx in ((2**17, MAX_CTX), (2**16, MAX_CTX), (2**14, MAX_CTX), (4096, MAX_CTX),
+                             (4096, 4096)):
             _time_point(sw, timer, ceil, setup, ctx, max_ctx)
     if "small" not in skip:
         b8, n8 = 8, MAX_CTX // RATIO
@@ -273,9 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         pt8 = torch.arange(b8 * (n8 // PAGE), dtype=torch.int32, device=device).view(b8, -1)
         lens8 = torch.full((b8,), n8, dtype=torch.int32, device=device)
         _time_topk(sw, timer, "topk 1M B=8", lg8, lens8, pt8,
-                   [*TOPK_VARIANTS[:4], ("radix3 nprog=64", dict(method=R3, nprog=64)),
-                    ("radix3 nprog=16", dict(method=R3, nprog=16)),
-                    ("auto", dict(method="auto"))], check_rows=2)
+                   [*TOPK_VARIANTS[:4], ("radix3 nprog=64", dict(method=R3, nprog=64))],
+                   check_rows=2)
         del lg8
     if "ties" not in skip:
         tied = torch.round(ws * 4) / 4
