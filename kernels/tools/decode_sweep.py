@@ -37,6 +37,13 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
+    if only == "stage":
+        return [DecodeConfig(variant="staged"), DecodeConfig(variant="staged", stage_warps=8),
+                DecodeConfig(variant="staged", stage_block=16),
+                DecodeConfig(variant="staged", stage_block=16, stage_warps=8),
+                DecodeConfig(variant="staged", stage_block=64, stage_warps=8),
+                DecodeConfig(variant="gp", block_t=64, num_stages=2),
+                DecodeConfig(variant="dsplit", block_t=64)]
     if only == "gp":
         return [DecodeConfig(variant="staged"),
                 *(DecodeConfig(variant="gp", block_t=bt, num_stages=st)
@@ -73,7 +80,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
-    ap.add_argument("--only", choices=["staged", "gp"], help="one variant family (plus references)")
+    ap.add_argument("--only", choices=["staged", "gp", "stage"],
+                    help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ceil = ceilings(dev)
@@ -102,7 +110,7 @@ def main() -> int:
                 continue
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
-                    f" bg={cfg.stage_block} l2={int(cfg.l2_hints)}"
+                    f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} sw={cfg.stage_warps}"
                     f" bh={cfg.block_h}")
             try:
                 t0 = time.time()
