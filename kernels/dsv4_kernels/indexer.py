@@ -50,7 +50,8 @@ whatever the real length. Here all work and traffic follow each row's real lengt
     (one program per row): the threshold bin's keys share their top ``9 + mant_bits`` bits,
     so the exact select starts below them (2-3 passes over the list, not four) and writes.
     ``fuse=True`` runs C in the last-arriving B program of each row instead (an arrival
-    counter, CUTLASS-semaphore ordering), one launch fewer.
+    counter, CUTLASS-semaphore ordering), one launch fewer, but measured slower on the H200
+    (128K top-k share 38.4 vs 34.2 µs; 4K 25.8 vs 16.8), so it is not the default.
   - ``radix6``: each row split over ``nprog`` programs, four 8-bit radix passes whose
     histograms meet in a global buffer (atomics), a count pass and a compaction pass; kept
     for side-by-side timing.
@@ -897,9 +898,11 @@ def indexer_topk(
     (default ``R3_BLOCK``/``R3_WARPS``), and selects on the list with ``sel_block``/
     ``sel_warps`` (``R3_SEL_BLOCK``/``R3_SEL_WARPS``) in a third launch, or with ``fuse`` in
     the last of each row's compaction programs. ``radix6`` is the earlier six-launch version
-    (``nprog`` programs per row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix3``
-    (H200: faster than radix1 at B=64 from 64K keys and than radix6 at B=8 with 1M-token
-    rows; see ``indexer_sweep`` for short rows, where its three launches have little work).
+    (``nprog`` programs per row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix3``,
+    a static (capture-safe) choice that cannot see the row lengths. H200, B=64, top-k share of
+    logits + top-k (indexer_sweep run 3): 128K 34.2 µs (radix1 58.1), 64K 25.3 (36.2), but
+    16K 32.4 (17.8) and 4K 16.8 (10.9), where its three launches have little work; B=8 with
+    1M-token rows 42.0 (radix6 120.7, radix1 358.9).
     """
     rows = logits.shape[0]
     lens = _rows_lens(seq_lens, rows)
@@ -965,10 +968,11 @@ def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
     )
 
 
-# radix3 defaults (H200 sweeps, ``python -m dsv4_kernels.indexer_sweep``)
-# (run 2: sel 1024/4 warps 35.9 µs vs 2048/8 36.4 at 128K). radix3 sends every row longer than
-# k through the list (``direct`` default k): its select on the row itself, with one program
-# per row, cost 21 µs at 1K-key rows (radix1, one launch, 10.8).
+# radix3 defaults (H200, ``python -m dsv4_kernels.indexer_sweep``, B=64, 128K): block 1024 x 4
+# warps 36.4 µs vs 2048 x 8 40.6, 512 x 4 37.3; nprog 8 vs 4 38.4, 16 37.8; select 1024 x 4
+# 35.9 vs 2048 x 8 36.4 vs 2048 x 16 36.6. radix3 sends every row longer than k through the
+# list (``direct`` default k): its select on the row itself (one program per row) cost more at
+# short rows (run 3 top-k share, 4K: 20.3 vs 16.8 µs; 16K: 37.5 vs 32.4).
 R3_BLOCK, R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS = 1024, 4, 1024, 4
 
 
