@@ -19,12 +19,15 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
-* Three variants, chosen from static shapes and the device's shared memory
-  (:func:`choose_variant`, numbers in NOTES.md): ``full`` (one program accumulates all 512
-  columns; fastest once rows fill an H200, but 128-192 KB of shared memory), ``dsplit`` (two
-  programs per row split the V columns; few rows) and ``pf`` (one loop over SWA + extra tiles
-  with the next tile's loads issued a step ahead; 80-82 KB at BT 16, the choice on sm_120's
-  99 KB and for mid-size grids).
+* Five variants, chosen from static shapes and the device's shared memory
+  (:func:`choose_variant`, numbers in NOTES.md v3-v5): ``staged`` (keys dequantized once per
+  row into a contiguous bf16 scratch, then an attention whose tile loads Triton pipelines into
+  shared memory; the H200 default from 5 programs up, 196 KB at BT 64), ``dsplit`` (two
+  programs per row split the V columns; a handful of rows), ``pf`` (one loop over SWA + extra
+  tiles with the next tile's loads issued a step ahead; 80-82 KB at BT 16, the choice on
+  sm_120's 99 KB), ``full`` (one [BT, 512] gather per tile converted in registers; parts with
+  160-200 KB) and ``gp`` (the fused gather in 64-column chunks, pipelined with cp.async; as
+  fast as staged at B=64 without its scratch, selectable).
 """
 
 from __future__ import annotations
@@ -897,6 +900,8 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int
     at BT 64 (B=1: ~20 µs, NOTES.md v4), whose split-K gain is the larger one. Devices with
     99 KB per block (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there
     (staged needs 196 KB at BT 64; at BT 16 it fits in 84 KB but ran slower than pf).
+    staged allocates a transient scratch of rows x (SWA + top-k) x 1 KB per call (42 MB at
+    B=64, top-k 512), taken from the caller's allocator (the graph pool under capture).
     """
     if max_shared < _FULL_SMEM:
         return "pf", None
