@@ -192,6 +192,14 @@ def _slot_of(pt_row, pos, mask, page_size):
 
 
 @triton.jit
+def _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr, stride_or, raw_ptr, stride_rr):
+    """Row ``r``'s clamped length and its page-table, output and raw-output row pointers."""
+    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
+    return (n, pt_ptr + r.to(tl.int64) * stride_pt, out_ptr + r.to(tl.int64) * stride_or,
+            raw_ptr + r.to(tl.int64) * stride_rr)
+
+
+@triton.jit
 def _emit_short_row(n, pt_row, page_size, o_row, raw_row, K: tl.constexpr, KP: tl.constexpr,
                     WRITE_RAW: tl.constexpr):
     """A row with ``len <= K`` keeps every key: slots of ``0..len-1``, then -1."""
@@ -314,10 +322,8 @@ def _topk_write_kernel(
     ``0..len-1`` then -1."""
     r = tl.program_id(0)
     sp = tl.program_id(1)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
-    o_row = out_ptr + r.to(tl.int64) * stride_or
-    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
+                                        stride_or, raw_ptr, stride_rr)
     if n <= K:
         if sp == 0:
             _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
@@ -491,10 +497,8 @@ def _topk_row_kernel(
     order) into the row's scratch list, when it fits in ``CAP`` entries. The exact radix select
     and the output then run on that short list. Otherwise they run on the row itself."""
     r = tl.program_id(0)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
-    o_row = out_ptr + r.to(tl.int64) * stride_or
-    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
+                                        stride_or, raw_ptr, stride_rr)
     if n <= K:
         _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
     else:
@@ -711,10 +715,8 @@ def _split_select_kernel(
     (``_select_list``), or, for rows up to ``DIRECT`` keys and lists over ``CAP``, on the row
     itself, as radix1."""
     r = tl.program_id(0)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
-    o_row = out_ptr + r.to(tl.int64) * stride_or
-    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
+                                        stride_or, raw_ptr, stride_rr)
     l_row = logit_ptr + r.to(tl.int64) * stride_lr
     if n <= K:
         _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
@@ -755,10 +757,8 @@ def _split_compact_select_kernel(
     L2 (``.cg``). Rows that need no list are done by program 0 alone."""
     r = tl.program_id(0)
     sp = tl.program_id(1)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    pt_row = pt_ptr + r.to(tl.int64) * stride_pt
-    o_row = out_ptr + r.to(tl.int64) * stride_or
-    raw_row = raw_ptr + r.to(tl.int64) * stride_rr
+    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
+                                        stride_or, raw_ptr, stride_rr)
     l_row = logit_ptr + r.to(tl.int64) * stride_lr
     if n <= K:
         if sp == 0:

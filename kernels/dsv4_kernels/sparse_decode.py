@@ -146,6 +146,19 @@ def _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, C: tl.constexpr, DT: 
 
 
 @triton.jit
+def _load_q_chunks(q_ptr, row_off, heads, hmask, stride_qh, DT: tl.constexpr):
+    """A row's queries for ``heads`` as eight [BH, 64] column chunks (seven nope, one rope)."""
+    return (_load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 0, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 1, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 2, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 3, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 4, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 5, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 6, DT),
+            _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 7, DT))
+
+
+@triton.jit
 def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr,
                  HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr, NSPLIT: tl.constexpr,
                  BT: tl.constexpr):
@@ -223,15 +236,8 @@ def _sparse_decode_dsplit_kernel(
         PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
-    q_row = r.to(tl.int64) * stride_qr
-    q0 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 0, DT)
-    q1 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 1, DT)
-    q2 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 2, DT)
-    q3 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 3, DT)
-    q4 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 4, DT)
-    q5 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 5, DT)
-    q6 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 6, DT)
-    q7 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 7, DT)
+    q0, q1, q2, q3, q4, q5, q6, q7 = _load_q_chunks(q_ptr, r.to(tl.int64) * stride_qr, heads,
+                                                    hmask, stride_qh, DT)
 
     n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                              A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
@@ -611,15 +617,8 @@ def _sparse_decode_gp_kernel(
         PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
-    q_row = r.to(tl.int64) * stride_qr
-    q0 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 0, DT)
-    q1 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 1, DT)
-    q2 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 2, DT)
-    q3 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 3, DT)
-    q4 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 4, DT)
-    q5 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 5, DT)
-    q6 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 6, DT)
-    q7 = _load_q_chunk(q_ptr, q_row, heads, hmask, stride_qh, 7, DT)
+    q0, q1, q2, q3, q4, q5, q6, q7 = _load_q_chunks(q_ptr, r.to(tl.int64) * stride_qr, heads,
+                                                    hmask, stride_qh, DT)
     n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                              A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
     m_i = tl.full([BH], float("-inf"), tl.float32)
