@@ -230,12 +230,13 @@ def _index_pool(device: torch.device, batch: int, n_max: int, page: int
     return cache, perm.view(batch, pages_per_row)
 
 
-def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, float],
-                   setup: dict[str, Any], ctx: int, max_ctx: int) -> dict[str, Any]:
-    """Time logits + top-k at one real context under one maximum context."""
-    batch, page, topk, ratio = setup["batch"], setup["page"], setup["topk"], setup["ratio"]
-    q, w, cache, used_pt = setup["q"], setup["w"], setup["cache"], setup["used_pt"]
-    device = q.device
+def indexer_point_inputs(used_pt: torch.Tensor, batch: int, page: int, topk: int, ratio: int,
+                         ctx: int, max_ctx: int) -> tuple[int, int, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor, torch.Tensor, int]:
+    """Buffers of one indexer point (also used by ``indexer_sweep``): keys per row ``n``, the
+    maximum ``mk``, a page table sized for ``mk`` keys holding the pool's used pages, the
+    lengths, the logits workspace, the top-k output, and the bytes the indexer must read."""
+    device = used_pt.device
     n, mk = ctx // ratio, max_ctx // ratio
     pt = torch.zeros(batch, -(-mk // page), dtype=torch.int32, device=device)
     width = min(pt.shape[1], used_pt.shape[1])
@@ -243,6 +244,18 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
     lens = torch.full((batch,), n, dtype=torch.int32, device=device)
     ws = torch.empty(batch, mk, dtype=torch.float32, device=device)
     out = torch.empty(batch, topk, dtype=torch.int32, device=device)
+    must = batch * n * INDEX_BYTES_PER_TOKEN + batch * (-(-n // page)) * 4
+    return n, mk, pt, lens, ws, out, must
+
+
+def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, float],
+                   setup: dict[str, Any], ctx: int, max_ctx: int) -> dict[str, Any]:
+    """Time logits + top-k at one real context under one maximum context."""
+    batch, page, topk = setup["batch"], setup["page"], setup["topk"]
+    q, w, cache = setup["q"], setup["w"], setup["cache"]
+    device = q.device
+    n, mk, pt, lens, ws, out, must = indexer_point_inputs(setup["used_pt"], batch, page, topk,
+                                                          setup["ratio"], ctx, max_ctx)
 
     def run_all() -> None:
         indexer_logits(q, cache, w, lens, pt, mk, out=ws)
@@ -259,7 +272,6 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
     run_all()
     torch.cuda.synchronize()
     graph_equal = bool(torch.equal(from_graph, out))
-    must = batch * n * INDEX_BYTES_PER_TOKEN + batch * (-(-n // page)) * 4
     row: dict[str, Any] = {"ctx": ctx, "keys": n, "max_ctx": max_ctx, "us": t_all,
                            "us_logits": t_log, "us_topk": t_all - t_log, "bytes": must,
                            "bw_frac": must / t_all / 1e3 / ceil["copy_GBps"]}

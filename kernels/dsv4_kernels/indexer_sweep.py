@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .bench import Timer, _index_pool, ceilings
+from .bench import Timer, _index_pool, ceilings, indexer_point_inputs
 from .cases import check_topk
 from .indexer import (
     R3_BLOCK,
@@ -152,16 +152,9 @@ def _time_point(sw: Sweep, timer: Timer, ceil: dict[str, float], setup: dict[str
                 max_ctx: int) -> None:
     """Logits + top-k at one point for every method in ``POINT_METHODS`` (as ``bench``'s
     ``_indexer_point``: the top-k share is the total minus the logits alone)."""
-    q, w, cache, used_pt = setup["q"], setup["w"], setup["cache"], setup["used_pt"]
-    device = q.device
-    n, mk = ctx // RATIO, max_ctx // RATIO
-    pt = torch.zeros(BATCH, -(-mk // PAGE), dtype=torch.int32, device=device)
-    width = min(pt.shape[1], used_pt.shape[1])
-    pt[:, :width] = used_pt[:, :width]
-    lens = torch.full((BATCH,), n, dtype=torch.int32, device=device)
-    ws = torch.empty(BATCH, mk, dtype=torch.float32, device=device)
-    out = torch.empty(BATCH, TOPK, dtype=torch.int32, device=device)
-    must = BATCH * n * INDEX_BYTES_PER_TOKEN + BATCH * (-(-n // PAGE)) * 4
+    q, w, cache = setup["q"], setup["w"], setup["cache"]
+    n, mk, pt, lens, ws, out, must = indexer_point_inputs(setup["used_pt"], BATCH, PAGE, TOPK,
+                                                          RATIO, ctx, max_ctx)
     section = f"logits+topk {ctx // 1024}K@{max_ctx // 1024}K"
     t_logs: dict[bool, float] = {}
     for old in (True, False):
