@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -123,29 +125,37 @@ _RADIX1 = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
-@pytest.mark.parametrize("cfg", range(len(_RADIX1)))
-def test_radix1_equals_radix6_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
-    # len 0, < k, == k, k + 1, long; page size not a power of two
+def _same_as(gen: torch.Generator, kind: str, method: str, kw: dict[str, Any], ref_method: str,
+             ref_kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``method`` and ``ref_method`` on the same rows (len 0, < k, == k, k + 1, long; page size
+    not a power of two): both valid, bit-identical (same selection, ascending position order,
+    same tie-break); rows <= k are 0..len-1 then -1. Returns ``method``'s slots and positions."""
     lens, topk, page_size = [0, 7, 24, 25, 700, 2400], 24, 7
     rows, max_len = len(lens), 2410
     logits = _logits(gen, kind, rows, max_len)
     pt = _random_pt(gen, rows, max_len, page_size)
     lens_t = torch.tensor(lens, dtype=torch.int32)
     got_raw = torch.empty(rows, topk, dtype=torch.int32)
-    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method="radix1",
-                       **_RADIX1[cfg])
+    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method=method, **kw)
     old_raw = torch.empty(rows, topk, dtype=torch.int32)
-    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method="radix6",
-                       block=64, nprog=4)
+    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method=ref_method,
+                       **ref_kw)
     res = check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)
     assert res["ok"], res
     assert check_topk(old, old_raw, logits, lens_t, pt, page_size, topk)["ok"]
-    # same selection, same order (ascending position), same tie-break
+    ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
+    assert torch.equal(got[:3], ref_slots[:3])  # rows <= k: no choice involved
     assert torch.equal(got, old) and torch.equal(got_raw, old_raw)
     assert got_raw[0].tolist() == [-1] * topk and got[0].tolist() == [-1] * topk
     assert got_raw[1].tolist() == list(range(7)) + [-1] * (topk - 7)
     assert got_raw[2].tolist() == list(range(24))
+    return got, got_raw
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
+@pytest.mark.parametrize("cfg", range(len(_RADIX1)))
+def test_radix1_equals_radix6_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
+    _same_as(gen, kind, "radix1", _RADIX1[cfg], "radix6", dict(block=64, nprog=4))
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
@@ -226,25 +236,7 @@ _RADIX3 = [
 @pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
 @pytest.mark.parametrize("cfg", range(len(_RADIX3)))
 def test_radix3_equals_radix1_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
-    # len 0, < k, == k, k + 1, long, longer; page size not a power of two
-    lens, topk, page_size = [0, 7, 24, 25, 700, 2400], 24, 7
-    rows, max_len = len(lens), 2410
-    logits = _logits(gen, kind, rows, max_len)
-    pt = _random_pt(gen, rows, max_len, page_size)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
-    got_raw = torch.empty(rows, topk, dtype=torch.int32)
-    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method="radix3",
-                       **_RADIX3[cfg])
-    old_raw = torch.empty(rows, topk, dtype=torch.int32)
-    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method="radix1",
-                       block=64, direct=64, cap=1024)
-    res = check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)
-    assert res["ok"], res
-    ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
-    assert torch.equal(got[:3], ref_slots[:3])  # rows <= k: no choice involved
-    assert torch.equal(got, old) and torch.equal(got_raw, old_raw)
-    assert got_raw[0].tolist() == [-1] * topk
-    assert got_raw[2].tolist() == list(range(24))
+    _same_as(gen, kind, "radix3", _RADIX3[cfg], "radix1", dict(block=64, direct=64, cap=1024))
 
 
 def test_radix3_ties_at_threshold_and_spread_lengths(gen: torch.Generator) -> None:
