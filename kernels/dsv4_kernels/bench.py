@@ -68,6 +68,15 @@ class Timer:
         self.last_graph = g
         return self._measure(g.replay, reps)
 
+    def replay_matches_eager(self, fn: Callable[[], Any], out: torch.Tensor) -> bool:
+        """Replay the last timed graph, then run ``fn`` eagerly: does ``out`` come out the same?"""
+        self.last_graph.replay()
+        torch.cuda.synchronize()
+        from_graph = out.clone()
+        fn()
+        torch.cuda.synchronize()
+        return bool(torch.equal(from_graph, out))
+
     def eager(self, fn: Callable[[], Any], reps: int = 5) -> float:
         fn()
         torch.cuda.synchronize()
@@ -266,12 +275,7 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
 
     t_log = timer.graph(run_logits)
     t_all = timer.graph(run_all)
-    timer.last_graph.replay()
-    torch.cuda.synchronize()
-    from_graph = out.clone()
-    run_all()
-    torch.cuda.synchronize()
-    graph_equal = bool(torch.equal(from_graph, out))
+    graph_equal = timer.replay_matches_eager(run_all, out)
     row: dict[str, Any] = {"ctx": ctx, "keys": n, "max_ctx": max_ctx, "us": t_all,
                            "us_logits": t_log, "us_topk": t_all - t_log, "bytes": must,
                            "bw_frac": must / t_all / 1e3 / ceil["copy_GBps"]}

@@ -146,6 +146,14 @@ def _load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, C: tl.constexpr, DT: 
 
 
 @triton.jit
+def _load_q_full(q_ptr, row_off, heads, hmask, stride_qh, DT: tl.constexpr):
+    """A row's queries for ``heads`` as one [BH, 512] tile (full-width variants)."""
+    dd = tl.arange(0, 512)
+    return tl.load(q_ptr + row_off + heads[:, None] * stride_qh + dd[None, :],
+                   mask=hmask[:, None], other=0.0).to(DT)
+
+
+@triton.jit
 def _load_q_chunks(q_ptr, row_off, heads, hmask, stride_qh, DT: tl.constexpr):
     """A row's queries for ``heads`` as eight [BH, 64] column chunks (seven nope, one rope)."""
     return (_load_q_chunk(q_ptr, row_off, heads, hmask, stride_qh, 0, DT),
@@ -370,9 +378,7 @@ def _sparse_decode_full_kernel(
         PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
-    dd = tl.arange(0, 512)
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
-                mask=hmask[:, None], other=0.0).to(DT)
+    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
 
     n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                              A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
@@ -484,9 +490,7 @@ def _sparse_decode_pf_kernel(
         PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
-    dd = tl.arange(0, 512)
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
-                mask=hmask[:, None], other=0.0).to(DT)
+    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
 
     n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                              A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
@@ -771,9 +775,7 @@ def _sparse_decode_staged_kernel(
         PREC: tl.constexpr = "tf32"
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
-    dd = tl.arange(0, 512)
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + dd[None, :],
-                mask=hmask[:, None], other=0.0).to(DT)
+    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
     _n_a, _n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                                A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
     m_i = tl.full([BH], float("-inf"), tl.float32)
@@ -782,6 +784,7 @@ def _sparse_decode_staged_kernel(
     kv_row = kv_ptr + r.to(tl.int64) * T_PAD * 512
     ok_row = ok_ptr + r.to(tl.int64) * T_PAD
     offs_t = tl.arange(0, BT)
+    dd = tl.arange(0, 512)
     for t in tl.range(lo, hi, num_stages=STAGES):
         pos = tl.where(t < tiles_a, t * BT, A_PAD + (t - tiles_a) * BT)
         k = tl.load(kv_row + (pos + offs_t)[:, None] * 512 + dd[None, :],
