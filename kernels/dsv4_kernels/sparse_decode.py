@@ -19,10 +19,12 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
-* Five variants, chosen from static shapes and the device's shared memory
-  (:func:`choose_variant`, numbers in NOTES.md v3-v5): ``staged`` (keys dequantized once per
-  row into a contiguous bf16 scratch, then an attention whose tile loads Triton pipelines into
-  shared memory; the H200 default from 5 programs up, 196 KB at BT 64), ``dsplit`` (two
+* Six variants, chosen from static shapes and the device's shared memory
+  (:func:`choose_variant`, numbers in NOTES.md v3-v6): ``local`` (each program dequantizes its
+  own keys, two tiles at a time, into a private bf16 slot that stays in L2 and attends over
+  it with tile loads Triton pipelines into shared memory; the H200 default from 5 programs
+  up, 196 KB at BT 64), ``staged`` (the same in two launches through a whole-batch scratch;
+  selectable), ``dsplit`` (two
   programs per row split the V columns; a handful of rows), ``pf`` (one loop over SWA + extra
   tiles with the next tile's loads issued a step ahead; 80-82 KB at BT 16, the choice on
   sm_120's 99 KB), ``full`` (one [BT, 512] gather per tile converted in registers; parts with
@@ -680,6 +682,83 @@ def _sparse_decode_gp_kernel(
 
 
 @triton.jit
+def _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG: tl.constexpr, LOAD_EV: tl.constexpr):
+    """Issue the loads of keys ``[loc, loc + BG)`` of one index list: raw FP8 bytes [BG, 8, 64]
+    (chunk 7 masked off), their scale bytes [BG, 8] and the BF16 rope [BG, 64], unconverted.
+    Keys past ``n`` or with index -1 load as zeros and come back with ``valid = False``."""
+    offs = loc + tl.arange(0, BG)
+    idx = tl.load(i_row + offs, mask=offs < n, other=-1)
+    valid = idx >= 0
+    safe = tl.maximum(idx, 0).to(tl.int64)
+    page = safe // ps
+    off = safe - page * ps
+    base = page * pb + off * 576
+    sbase = page * pb + ps * 576 + off * 8
+    c = tl.arange(0, 8)
+    d = tl.arange(0, 64)
+    col = c[:, None] * 64 + d[None, :]
+    raw = tl.load(u8 + base[:, None, None] + col[None, :, :],
+                  mask=valid[:, None, None] & (col < 448)[None], other=0, eviction_policy=LOAD_EV)
+    scr = tl.load(u8 + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :],
+                  other=0)
+    rope = tl.load(bf + (base // 2 + 224)[:, None] + d[None, :], mask=valid[:, None],
+                   other=0.0, eviction_policy=LOAD_EV)
+    return raw, scr, rope, valid
+
+
+@triton.jit
+def _stage_put(raw, scr, rope, valid, kv_dst, ok_dst, BG: tl.constexpr, STORE_EV: tl.constexpr):
+    """Write gathered keys dequantized (bf16, or fp32 under the interpreter) as contiguous rows
+    of 512 at ``kv_dst`` (FP8 x 2^(e-127) for columns < 448, rope after) and a validity byte
+    each at ``ok_dst``; invalid keys were loaded as zeros, so they become zero rows."""
+    c = tl.arange(0, 8)
+    d = tl.arange(0, 64)
+    col = c[:, None] * 64 + d[None, :]
+    nope_col = (col < 448)[None]
+    sc = (scr.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+    dst = kv_dst + tl.arange(0, BG).to(tl.int64) * 512
+    tl.store(dst[:, None, None] + col[None, :, :], nope.to(kv_dst.dtype.element_ty),
+             mask=nope_col, eviction_policy=STORE_EV)
+    tl.store(dst[:, None] + 448 + d[None, :], rope.to(kv_dst.dtype.element_ty),
+             eviction_policy=STORE_EV)
+    tl.store(ok_dst + tl.arange(0, BG), valid.to(tl.int8))
+
+
+@triton.jit
+def _stage_keys(u8, bf, i_row, loc, n, ps, pb, kv_dst, ok_dst, BG: tl.constexpr,
+                LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr):
+    """Gather keys ``[loc, loc + BG)`` of one index list and write them dequantized
+    (:func:`_stage_gather` then :func:`_stage_put`)."""
+    raw, scr, rope, valid = _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG, LOAD_EV)
+    _stage_put(raw, scr, rope, valid, kv_dst, ok_dst, BG, STORE_EV)
+
+
+@triton.jit
+def _stage_tile(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
+                t, tiles_a, g0, BT: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr):
+    """:func:`_stage_gather` for keys ``[g0, g0 + BG)`` of tile ``t`` of the concatenated range
+    (SWA tiles, then the extra ones); a tile past the end loads nothing."""
+    if t < tiles_a:
+        u8 = a_u8
+        bf = a_bf16
+        ps = a_ps
+        pb = a_pb
+        i_row = a_row
+        loc = t * BT
+        n = n_a
+    else:
+        u8 = b_u8
+        bf = b_bf16
+        ps = b_ps
+        pb = b_pb
+        i_row = b_row
+        loc = (t - tiles_a) * BT
+        n = n_b
+    return _stage_gather(u8, bf, i_row, loc + g0, n, ps, pb, BG, LOAD_EV)
+
+
+@triton.jit
 def _stage_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
@@ -716,32 +795,9 @@ def _stage_kernel(
         loc = j0 - A_PAD
         n = n_b
     if loc < tl.cdiv(n, BT) * BT:
-        offs = loc + tl.arange(0, BG)
-        idx = tl.load(i_row + offs, mask=offs < n, other=-1)
-        valid = idx >= 0
-        safe = tl.maximum(idx, 0).to(tl.int64)
-        page = safe // ps
-        off = safe - page * ps
-        base = page * pb + off * 576
-        sbase = page * pb + ps * 576 + off * 8
-        c = tl.arange(0, 8)
-        d = tl.arange(0, 64)
-        col = c[:, None] * 64 + d[None, :]
-        nope_col = (col < 448)[None]
-        raw = tl.load(u8 + base[:, None, None] + col[None, :, :],
-                      mask=valid[:, None, None] & nope_col, other=0, eviction_policy=LOAD_EV)
-        scr = tl.load(u8 + sbase[:, None] + c[None, :], mask=valid[:, None] & (c < 7)[None, :],
-                      other=0)
-        sc = (scr.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
-        rope = tl.load(bf + (base // 2 + 224)[:, None] + d[None, :], mask=valid[:, None],
-                       other=0.0, eviction_policy=LOAD_EV)
-        dst = kv_ptr + (r.to(tl.int64) * T_PAD + j0 + tl.arange(0, BG)) * 512
-        tl.store(dst[:, None, None] + col[None, :, :], nope.to(kv_ptr.dtype.element_ty),
-                 mask=nope_col, eviction_policy=STORE_EV)
-        tl.store(dst[:, None] + 448 + d[None, :], rope.to(kv_ptr.dtype.element_ty),
-                 eviction_policy=STORE_EV)
-        tl.store(ok_ptr + r.to(tl.int64) * T_PAD + j0 + tl.arange(0, BG), valid.to(tl.int8))
+        at = r.to(tl.int64) * T_PAD + j0
+        _stage_keys(u8, bf, i_row, loc, n, ps, pb, kv_ptr + at * 512, ok_ptr + at, BG,
+                    LOAD_EV, STORE_EV)
 
 
 @triton.jit
@@ -791,6 +847,76 @@ def _sparse_decode_staged_kernel(
                     eviction_policy=LOAD_EV).to(DT)
         valid = tl.load(ok_row + pos + offs_t) != 0
         m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+
+    _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
+                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+
+
+@triton.jit
+def _sparse_decode_local_kernel(
+    q_ptr, stride_qr, stride_qh,
+    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
+    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
+    kv_ptr, ok_ptr,
+    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
+    op_ptr, lp_ptr,
+    H, s_q, qk_scale,
+    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
+    ROUND: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr,
+):
+    """``staged`` in one launch: each program stages its own keys into a private slot of
+    ``ROUND`` tiles, then attends over them, round after round.
+
+    Why: in two launches the 42 MB scratch of B=64 / top-k 512 is written in full before it is
+    read, so it falls out of L2 (hit rate 30%, NOTES.md v5) and costs DRAM twice. Here a slot
+    is read back by the program that wrote it a few microseconds earlier, and all slots in flight
+    together take programs x ROUND x BT x 1 KB of L2. The barriers order one program's stores
+    before its pipelined reads, and its reads before the next round overwrites the slot.
+    """
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    bidx = r // s_q
+    if DOT_F32:
+        DT: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DT: tl.constexpr = tl.bfloat16
+        PREC: tl.constexpr = "tf32"
+    slot = ((r * tl.num_programs(1) + hb) * NSPLIT + sp).to(tl.int64) * (ROUND * BT)
+    kv_slot = kv_ptr + slot * 512
+    ok_slot = ok_ptr + slot
+    heads = hb * BH + tl.arange(0, BH)
+    hmask = heads < H
+    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
+                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
+    a_row = a_idx + r.to(tl.int64) * stride_ar
+    b_row = b_idx + r.to(tl.int64) * stride_br
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, 512], tl.float32)
+    offs_t = tl.arange(0, BT)
+    dd = tl.arange(0, 512)
+    for c0 in range(lo, hi, ROUND):
+        c1 = tl.minimum(c0 + ROUND, hi)
+        for t in range(c0, c1):
+            at = (t - c0) * BT
+            for g in tl.static_range(BT // BG):
+                raw, scr, rope, valid = _stage_tile(
+                    a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
+                    t, tiles_a, g * BG, BT, BG, LOAD_EV)
+                _stage_put(raw, scr, rope, valid, kv_slot + (at + g * BG) * 512,
+                           ok_slot + at + g * BG, BG, STORE_EV)
+        tl.debug_barrier()  # every thread's slot stores precede the reads below
+        for t in tl.range(0, c1 - c0, num_stages=STAGES):
+            k = tl.load(kv_slot + (t * BT + offs_t)[:, None] * 512 + dd[None, :],
+                        eviction_policy=LOAD_EV).to(DT)
+            valid = tl.load(ok_slot + t * BT + offs_t) != 0
+            m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
+        tl.debug_barrier()  # the next round overwrites the slot only after every read
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
                 lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
@@ -850,13 +976,16 @@ class DecodeConfig:
     accumulates all 512 output columns), ``"dsplit"`` (two programs per row x head block, each
     accumulating 256 columns after a shared ``Q K^T``: for a handful of rows), ``"pf"`` (full
     width, one loop over SWA + extra tiles with the next tile's loads issued a step ahead; fits
-    99 KB) or ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
-    attention whose tile loads Triton pipelines into shared memory). Numbers: NOTES.md v1-v5.
+    99 KB), ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
+    attention whose tile loads Triton pipelines into shared memory), ``"local"`` (staged inside
+    one launch: each program stages ``stage_round`` tiles into a private slot, attends over
+    them, and repeats) or ``"gp"``. Numbers: NOTES.md v1-v6.
 
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
-    ``bf16_partials`` (split partials in bf16; default for pf and staged), ``stage_block``
-    (keys per staging program), ``stage_warps``, ``l2_hints`` (staged: stream the cache past L2
-    and keep the scratch in it).
+    ``bf16_partials`` (split partials in bf16; default for pf, staged and local),
+    ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
+    ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
+    the cache past L2 and keep the scratch in it).
     """
 
     block_h: int = 64
@@ -870,23 +999,25 @@ class DecodeConfig:
     stage_block: int | None = None
     l2_hints: bool = True
     stage_warps: int = 4
+    stage_round: int | None = None
 
 
 DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "staged": (64, 2, 8), "gp": (32, 3, 8)}
+                  "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
 _FULL_SMEM = 160 * 1024
-# "staged" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch, Triton 3.6, sm_90.
+# "staged" and "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
+# Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
 
 
 def available_variants(max_shared: int) -> tuple[str, ...]:
     """Variants whose default tiles fit a device with ``max_shared`` bytes per block."""
     if max_shared >= _STAGED_SMEM:
-        return ("full", "dsplit", "pf", "staged", "gp")
+        return ("full", "dsplit", "pf", "staged", "gp", "local")
     if max_shared >= _FULL_SMEM:
         return ("full", "dsplit", "pf", "gp")
     return ("dsplit", "pf")
@@ -896,20 +1027,20 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int
                    ) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements, side by side in one run (NOTES.md v5, sweep 14): ``staged`` at BT 64 is
-    the fastest from B=8 up (B=64/512: 58.8 µs vs 65.2 for ``full`` and 74.4 for ``pf``;
-    B=128: 98.9 vs 103.8; B=8/1024: 31.3 vs 32.3 for pf); for a handful of programs dsplit
-    at BT 64 (B=1: ~20 µs, NOTES.md v4), whose split-K gain is the larger one. Devices with
-    99 KB per block (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there
-    (staged needs 196 KB at BT 64; at BT 16 it fits in 84 KB but ran slower than pf).
-    staged allocates a transient scratch of rows x (SWA + top-k) x 1 KB per call (42 MB at
-    B=64, top-k 512), taken from the caller's allocator (the graph pool under capture).
+    H200 measurements, side by side in one run (NOTES.md v6, device runs 18-21): ``local`` at
+    BT 64 is the fastest from B=64 up (B=64/512: 52.5-54.0 µs vs 57.5-58.0 for ``staged`` and
+    58.3 for ``gp``; B=64/1024: 81-83 vs 91; B=128/512: 85.5-89.7 vs 97.9) and level with
+    staged at B=8 (28.1 vs 27.6); for a handful of programs dsplit at BT 64 (B=1: ~19 µs,
+    NOTES.md v4), whose split-K gain is the larger one. Devices with 99 KB per block (sm_120,
+    sm_89) take pf at BT 16, the fastest variant that fits there (local and staged need 196 KB
+    at BT 64). local allocates a transient scratch of one slot per program, rows x splits x
+    2 tiles x 64 KB (17 MB at B=64), from the caller's allocator (the graph pool under capture).
     """
     if max_shared < _FULL_SMEM:
         return "pf", None
     if rows * head_blocks <= 4:
         return "dsplit", 64
-    return ("staged" if max_shared >= _STAGED_SMEM else "full"), None
+    return ("local" if max_shared >= _STAGED_SMEM else "full"), None
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -1054,7 +1185,7 @@ class _Launch:
         if nsplit > 1:
             bf16 = self.cfg.bf16_partials
             if bf16 is None:
-                bf16 = self.variant in ("pf", "staged")
+                bf16 = self.variant in ("pf", "staged", "local")
             o_part = torch.empty(rows * nsplit * h * HEAD_DIM,
                                  dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
             l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=dev)
@@ -1069,7 +1200,29 @@ class _Launch:
         heads = dict(HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=self.block_h,
                      BT=self.block_t, DOT_F32=interpreting())
         head_blocks = triton.cdiv(h, self.block_h)
-        if self.variant == "staged":
+        if self.variant == "local":
+            bt = self.block_t
+            bg = self.cfg.stage_block or bt
+            if bg > bt or bt % bg:
+                raise ValueError(f"stage_block ({bg}) must divide block_t ({bt})")
+            max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
+            rnd = min(self.cfg.stage_round or 2, triton.cdiv(max_tiles, nsplit))
+            slots = rows * head_blocks * nsplit * rnd * bt
+            kv = torch.empty(slots * HEAD_DIM,
+                             dtype=torch.float32 if interpreting() else torch.bfloat16, device=dev)
+            ok = torch.empty(slots, dtype=torch.int8, device=dev)
+            ev = self.cfg.l2_hints and not interpreting()
+            _sparse_decode_local_kernel[(rows, head_blocks, nsplit)](
+                q2, q2.stride(0), q2.stride(1),
+                a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
+                bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
+                kv, ok, sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
+                h, self.s_q, self.qk_scale, **flags, **heads,
+                STAGES=self.num_stages, ROUND=rnd, BG=bg,
+                LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
+                num_warps=self.num_warps,
+            )
+        elif self.variant == "staged":
             bt = self.block_t
             bg = self.cfg.stage_block or min(bt, 32)
             if bg > bt or bt % bg:

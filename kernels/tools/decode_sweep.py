@@ -36,7 +36,19 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
     return out
 
 
+def local_configs() -> list[DecodeConfig]:
+    def lo(**kw: object) -> DecodeConfig:
+        return DecodeConfig(variant="local", **kw)  # type: ignore[arg-type]
+
+    return [DecodeConfig(variant="staged"), DecodeConfig(variant="gp", block_t=64, num_stages=2),
+            lo(), lo(stage_round=1), lo(stage_round=3), lo(stage_round=2, l2_hints=False),
+            lo(stage_block=32), lo(stage_round=2, nsplit=3),
+            lo(block_t=32, num_stages=3, stage_round=4)]
+
+
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
+    if only == "local":
+        return local_configs()
     if only == "stage":
         return [DecodeConfig(variant="staged"), DecodeConfig(variant="staged", stage_warps=8),
                 DecodeConfig(variant="staged", stage_block=16),
@@ -80,7 +92,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
-    ap.add_argument("--only", choices=["staged", "gp", "stage"],
+    ap.add_argument("--only", choices=["staged", "gp", "stage", "local"],
                     help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -111,7 +123,7 @@ def main() -> int:
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
                     f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} sw={cfg.stage_warps}"
-                    f" bh={cfg.block_h}")
+                    f" bh={cfg.block_h} rnd={cfg.stage_round}")
             try:
                 t0 = time.time()
                 o, lse = sparse_mla_decode(**kw, config=cfg)
