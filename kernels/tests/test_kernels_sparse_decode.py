@@ -40,7 +40,7 @@ def _run(case, nsplit: int, variant: str, prefetch: bool = True) -> dict[str, ob
 )
 @pytest.mark.parametrize(("variant", "prefetch"), [("full", True), ("dsplit", True), ("pf", True),
                                                    ("pf", False), ("staged", True),
-                                                   ("gp", True)])
+                                                   ("gp", True), ("local", True)])
 def test_decode_matches_reference(gen: torch.Generator, spec: dict, nsplit: int,
                                   variant: str, prefetch: bool) -> None:
     res = _run(make_decode_case(gen, **spec), nsplit, variant, prefetch)
@@ -60,12 +60,28 @@ def test_staged_tiles_and_staging_blocks(gen: torch.Generator, block_t: int,
     assert res["ok"], res
 
 
+@pytest.mark.parametrize(("block_t", "stage_block", "stage_round", "nsplit"),
+                         [(16, 16, 1, 2), (16, 8, 2, 3), (32, 16, 3, 1), (16, 16, 8, 1)])
+def test_local_rounds_and_staging_blocks(gen: torch.Generator, block_t: int, stage_block: int,
+                                         stage_round: int, nsplit: int) -> None:
+    """One round per tile, several rounds per split, a round longer than the split (the slot is
+    then cut to the split), staging blocks below the tile; lists not a tile multiple."""
+    case = make_decode_case(gen, batch=2, heads=16, topk=40, extra_topk=24, page_size=7,
+                            extra_page_size=3, lengths="random", invalid_frac=0.25)
+    cfg = DecodeConfig(block_h=16, block_t=block_t, num_warps=4, num_stages=2, nsplit=nsplit,
+                       variant="local", stage_block=stage_block, stage_round=stage_round)
+    res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=cfg),
+                         *ref_sparse_decode(**case.kwargs()))
+    assert res["ok"], res
+
+
+@pytest.mark.parametrize("variant", ["staged", "local"])
 def test_staged_rejects_a_staging_block_that_does_not_divide_the_tile(
-        gen: torch.Generator) -> None:
+        gen: torch.Generator, variant: str) -> None:
     case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=16)
     with pytest.raises(ValueError, match="stage_block"):
         sparse_mla_decode(**case.kwargs(), config=DecodeConfig(
-            block_h=16, block_t=16, variant="staged", stage_block=32))
+            block_h=16, block_t=16, variant=variant, stage_block=32))
 
 
 def test_all_indices_invalid_gives_zero_and_inf(gen: torch.Generator) -> None:
@@ -129,17 +145,18 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     from dsv4_kernels.sparse_decode import available_variants, choose_variant
 
     h200, sm120 = 232448, 101376
-    assert choose_variant(64, 1, 132, h200) == ("staged", None)
+    assert choose_variant(64, 1, 132, h200) == ("local", None)
     assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)
-    assert choose_variant(8, 1, 132, h200) == ("staged", None)
+    assert choose_variant(8, 1, 132, h200) == ("local", None)
     # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
     for rows in (1, 8, 64, 128):
         assert choose_variant(rows, 1, 188, sm120)[0] in available_variants(sm120)
     assert "full" not in available_variants(sm120)
-    assert "staged" not in available_variants(sm120)  # 196 KB at its default BT 64
-    a100 = 167936  # 164 KB: full fits, staged's default tiles do not
+    for big in ("staged", "local"):  # 196 KB at their default BT 64
+        assert big not in available_variants(sm120)
+    a100 = 167936  # 164 KB: full fits, staged's and local's default tiles do not
     assert choose_variant(64, 1, 108, a100) == ("full", None)
-    assert "staged" not in available_variants(a100)
+    assert not {"staged", "local"} & set(available_variants(a100))
 
 
 @pytest.mark.parametrize(("variant", "bf16_partials"), [("full", True), ("pf", False)])
