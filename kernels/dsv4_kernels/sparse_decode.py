@@ -759,21 +759,6 @@ def _stage_tile(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, 
 
 
 @triton.jit
-def _stage_round(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
-                 c0, c1, tiles_a, kv_slot, ok_slot, BT: tl.constexpr, BG: tl.constexpr,
-                 LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr):
-    """Stage tiles ``[c0, c1)`` of the concatenated range into a slot, ``BG`` keys per gather."""
-    for t in range(c0, c1):
-        at = (t - c0) * BT
-        for g in tl.static_range(BT // BG):
-            raw, scr, rope, valid = _stage_tile(
-                a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
-                t, tiles_a, g * BG, BT, BG, LOAD_EV)
-            _stage_put(raw, scr, rope, valid, kv_slot + (at + g * BG) * 512,
-                       ok_slot + at + g * BG, BG, STORE_EV)
-
-
-@triton.jit
 def _stage_kernel(
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
     b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
@@ -880,7 +865,6 @@ def _sparse_decode_local_kernel(
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
     ROUND: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr,
-    LATE_Q: tl.constexpr,
 ):
     """``staged`` in one launch: each program stages its own keys into a private slot of
     ``ROUND`` tiles, then attends over them, round after round.
@@ -906,15 +890,11 @@ def _sparse_decode_local_kernel(
     ok_slot = ok_ptr + slot
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
+    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
     n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
                                              A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
     a_row = a_idx + r.to(tl.int64) * stride_ar
     b_row = b_idx + r.to(tl.int64) * stride_br
-    if LATE_Q:  # the first round's gathers go out before the queries' load, not behind it
-        _stage_round(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
-                     lo, tl.minimum(lo + ROUND, hi), tiles_a, kv_slot, ok_slot, BT, BG, LOAD_EV,
-                     STORE_EV)
-    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
     m_i = tl.full([BH], float("-inf"), tl.float32)
     l_i = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, 512], tl.float32)
@@ -922,14 +902,14 @@ def _sparse_decode_local_kernel(
     dd = tl.arange(0, 512)
     for c0 in range(lo, hi, ROUND):
         c1 = tl.minimum(c0 + ROUND, hi)
-        if LATE_Q:
-            if c0 != lo:
-                _stage_round(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b,
-                             b_ps, b_pb, c0, c1, tiles_a, kv_slot, ok_slot, BT, BG, LOAD_EV,
-                             STORE_EV)
-        else:
-            _stage_round(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps,
-                         b_pb, c0, c1, tiles_a, kv_slot, ok_slot, BT, BG, LOAD_EV, STORE_EV)
+        for t in range(c0, c1):
+            at = (t - c0) * BT
+            for g in tl.static_range(BT // BG):
+                raw, scr, rope, valid = _stage_tile(
+                    a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
+                    t, tiles_a, g * BG, BT, BG, LOAD_EV)
+                _stage_put(raw, scr, rope, valid, kv_slot + (at + g * BG) * 512,
+                           ok_slot + at + g * BG, BG, STORE_EV)
         tl.debug_barrier()  # every thread's slot stores precede the reads below
         for t in tl.range(0, c1 - c0, num_stages=STAGES):
             k = tl.load(kv_slot + (t * BT + offs_t)[:, None] * 512 + dd[None, :],
@@ -1020,7 +1000,6 @@ class DecodeConfig:
     l2_hints: bool = True
     stage_warps: int = 4
     stage_round: int | None = None
-    late_q: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -1239,7 +1218,7 @@ class _Launch:
                 bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
                 kv, ok, sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
                 h, self.s_q, self.qk_scale, **flags, **heads,
-                STAGES=self.num_stages, ROUND=rnd, BG=bg, LATE_Q=self.cfg.late_q,
+                STAGES=self.num_stages, ROUND=rnd, BG=bg,
                 LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
                 num_warps=self.num_warps,
             )

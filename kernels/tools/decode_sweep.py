@@ -41,7 +41,7 @@ def local_configs() -> list[DecodeConfig]:
         return DecodeConfig(variant="local", **kw)  # type: ignore[arg-type]
 
     return [DecodeConfig(variant="staged"), DecodeConfig(variant="gp", block_t=64, num_stages=2),
-            lo(), lo(late_q=False), lo(stage_round=1), lo(stage_round=3), lo(l2_hints=False),
+            lo(), lo(stage_round=1), lo(stage_round=3), lo(stage_round=2, l2_hints=False),
             lo(stage_block=32), lo(stage_round=2, nsplit=3),
             lo(block_t=32, num_stages=3, stage_round=4)]
 
@@ -123,7 +123,7 @@ def main() -> int:
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
                     f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} sw={cfg.stage_warps}"
-                    f" bh={cfg.block_h} rnd={cfg.stage_round} lq={int(cfg.late_q)}")
+                    f" bh={cfg.block_h} rnd={cfg.stage_round}")
             try:
                 t0 = time.time()
                 o, lse = sparse_mla_decode(**kw, config=cfg)
