@@ -1161,6 +1161,14 @@ class _Keys:
     pb: int
 
 
+def _stage_buffers(keys: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for ``keys`` dequantized keys (rows of 512; fp32 under the interpreter, which
+    cannot do bf16 arithmetic) and their validity bytes."""
+    kv = torch.empty(keys * HEAD_DIM, dtype=torch.float32 if interpreting() else torch.bfloat16,
+                     device=dev)
+    return kv, torch.empty(keys, dtype=torch.int8, device=dev)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Launch:
     """Everything but the rows: launches one variant (and the combine) for a run of rows."""
@@ -1177,6 +1185,13 @@ class _Launch:
     num_stages: int
     col_blocks: int
     cfg: DecodeConfig
+
+    def _stage_block(self, default: int) -> int:
+        """Keys per staging gather (``stage_block``, else ``default``); it must divide the tile."""
+        bg = self.cfg.stage_block or default
+        if bg > self.block_t or self.block_t % bg:
+            raise ValueError(f"stage_block ({bg}) must divide block_t ({self.block_t})")
+        return bg
 
     def rows(self, q2: torch.Tensor, a: _Keys, bk: _Keys, o2: torch.Tensor, lse: torch.Tensor,
              nsplit: int) -> None:
@@ -1200,18 +1215,13 @@ class _Launch:
         heads = dict(HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=self.block_h,
                      BT=self.block_t, DOT_F32=interpreting())
         head_blocks = triton.cdiv(h, self.block_h)
+        bt = self.block_t
+        ev = self.cfg.l2_hints and not interpreting()
         if self.variant == "local":
-            bt = self.block_t
-            bg = self.cfg.stage_block or bt
-            if bg > bt or bt % bg:
-                raise ValueError(f"stage_block ({bg}) must divide block_t ({bt})")
+            bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
             rnd = min(self.cfg.stage_round or 2, triton.cdiv(max_tiles, nsplit))
-            slots = rows * head_blocks * nsplit * rnd * bt
-            kv = torch.empty(slots * HEAD_DIM,
-                             dtype=torch.float32 if interpreting() else torch.bfloat16, device=dev)
-            ok = torch.empty(slots, dtype=torch.int8, device=dev)
-            ev = self.cfg.l2_hints and not interpreting()
+            kv, ok = _stage_buffers(rows * head_blocks * nsplit * rnd * bt, dev)
             _sparse_decode_local_kernel[(rows, head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1),
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
@@ -1223,16 +1233,10 @@ class _Launch:
                 num_warps=self.num_warps,
             )
         elif self.variant == "staged":
-            bt = self.block_t
-            bg = self.cfg.stage_block or min(bt, 32)
-            if bg > bt or bt % bg:
-                raise ValueError(f"stage_block ({bg}) must divide block_t ({bt})")
+            bg = self._stage_block(min(bt, 32))
             a_pad = triton.cdiv(a.topk, bt) * bt
             t_pad = a_pad + triton.cdiv(bk.topk, bt) * bt
-            kv = torch.empty(rows * t_pad * HEAD_DIM,
-                             dtype=torch.float32 if interpreting() else torch.bfloat16, device=dev)
-            ok = torch.empty(rows * t_pad, dtype=torch.int8, device=dev)
-            ev = self.cfg.l2_hints and not interpreting()
+            kv, ok = _stage_buffers(rows * t_pad, dev)
             _stage_kernel[(rows, t_pad // bg)](
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
                 bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
