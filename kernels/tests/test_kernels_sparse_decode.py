@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4_kernels.cases import compare_decode, make_decode_case
+from dsv4_kernels.cases import DecodeCase, compare_decode, make_decode_case
+from dsv4_kernels.layout import quantize_model1
 from dsv4_kernels.reference import ref_sparse_decode
 from dsv4_kernels.sparse_decode import DecodeConfig, choose_nsplit, sparse_mla_decode
 
@@ -157,6 +158,29 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     a100 = 167936  # 164 KB: full fits, staged's and local's default tiles do not
     assert choose_variant(64, 1, 108, a100) == ("full", None)
     assert not {"staged", "local"} & set(available_variants(a100))
+
+
+@pytest.mark.parametrize("variant", ["full", "dsplit", "pf", "staged", "gp", "local"])
+def test_split_partials_keep_nearly_cancelling_splits_exact(gen: torch.Generator,
+                                                            variant: str) -> None:
+    """Each row: two large keys in the SWA list and their negatives in the extra list, one list
+    per split. The splits' outputs nearly cancel in the combine, so a bf16 rounding of each
+    partial (the old default of pf, staged and local) lands outside the reference tolerance for
+    most rows; the default partials must not."""
+    rows, ps = 8, 16
+    keys = torch.randn(rows, 2, 512, generator=gen) * 4
+    kv_a = torch.zeros(rows, ps, 512)
+    kv_a[:, :2] = keys
+    idx = torch.full((rows, 1, ps), -1, dtype=torch.int32)
+    idx[:, 0, 0] = torch.arange(rows, dtype=torch.int32) * ps
+    idx[:, 0, 1] = idx[:, 0, 0] + 1
+    q = (torch.randn(rows, 1, 16, 512, generator=gen) * 2).to(torch.bfloat16)
+    case = DecodeCase(q, quantize_model1(kv_a), idx, None, 512 ** -0.5, None,
+                      quantize_model1(-kv_a), idx.clone(), None)
+    cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, nsplit=2, variant=variant)
+    res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=cfg),
+                         *ref_sparse_decode(**case.kwargs()))
+    assert res["ok"], res
 
 
 @pytest.mark.parametrize(("variant", "bf16_partials"), [("full", True), ("pf", False)])

@@ -27,7 +27,7 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
     out = [st(block_t=64, num_stages=2),
            st(block_t=64, num_stages=2, l2_hints=False),
-           st(block_t=64, num_stages=2, bf16_partials=False), st(block_t=32, num_stages=3),
+           st(block_t=64, num_stages=2, bf16_partials=True), st(block_t=32, num_stages=3),
            st(block_h=32, block_t=32, num_stages=2, num_warps=4, nsplit=1),
            st(block_h=32, block_t=32, num_stages=2, num_warps=8, nsplit=1),
            st(block_h=32, block_t=32, num_stages=2, num_warps=4)]
@@ -75,7 +75,7 @@ def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[Dec
 
     if bsz >= 64:
         out += [pf(block_t=32, num_warps=8), pf(block_t=32, num_warps=16),
-                pf(block_t=64, num_warps=8), pf(block_t=32, num_warps=8, bf16_partials=False),
+                pf(block_t=64, num_warps=8), pf(block_t=32, num_warps=8, bf16_partials=True),
                 pf(block_t=32, num_warps=8, nsplit=1), pf(block_t=32, num_warps=8, nsplit=3),
                 pf(block_t=32, num_warps=8, nsplit=4), pf(block_t=64, num_warps=8, nsplit=1),
                 pf(block_t=64, num_warps=8, nsplit=3), pf(block_t=32, num_warps=8, num_stages=2)]
