@@ -26,7 +26,7 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   up, 196 KB at BT 64), ``staged`` (the same in two launches through a whole-batch scratch;
   selectable), ``dsplit`` (two
   programs per row split the V columns; a handful of rows), ``pf`` (one loop over SWA + extra
-  tiles with the next tile's loads issued a step ahead; 80-82 KB at BT 16, the choice on
+  tiles with the next tile's loads issued a step ahead; 82 KB at BT 16 on sm_120, the choice on
   sm_120's 99 KB), ``full`` (one [BT, 512] gather per tile converted in registers; parts with
   160-200 KB) and ``gp`` (the fused gather in 64-column chunks, pipelined with cp.async; as
   fast as staged at B=64 without its scratch, selectable).
@@ -1010,7 +1010,9 @@ DEFAULT_CONFIG = DecodeConfig()
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
                   "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
-# Triton 3.6 and 3.9); pf at BT 16 needs 80-82 KB and dsplit at BT 32 ~98 KB on sm_120.
+# Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with either partial dtype (Triton
+# 3.6; 80 KB on sm_90 with bf16 partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
+# on sm_120.
 _FULL_SMEM = 160 * 1024
 # "staged" and "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
