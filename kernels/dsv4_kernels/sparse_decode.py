@@ -726,15 +726,6 @@ def _stage_put(raw, scr, rope, valid, kv_dst, ok_dst, BG: tl.constexpr, STORE_EV
 
 
 @triton.jit
-def _stage_keys(u8, bf, i_row, loc, n, ps, pb, kv_dst, ok_dst, BG: tl.constexpr,
-                LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr):
-    """Gather keys ``[loc, loc + BG)`` of one index list and write them dequantized
-    (:func:`_stage_gather` then :func:`_stage_put`)."""
-    raw, scr, rope, valid = _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG, LOAD_EV)
-    _stage_put(raw, scr, rope, valid, kv_dst, ok_dst, BG, STORE_EV)
-
-
-@triton.jit
 def _stage_tile(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, b_ps, b_pb,
                 t, tiles_a, g0, BT: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr):
     """:func:`_stage_gather` for keys ``[g0, g0 + BG)`` of tile ``t`` of the concatenated range
@@ -796,8 +787,8 @@ def _stage_kernel(
         n = n_b
     if loc < tl.cdiv(n, BT) * BT:
         at = r.to(tl.int64) * T_PAD + j0
-        _stage_keys(u8, bf, i_row, loc, n, ps, pb, kv_ptr + at * 512, ok_ptr + at, BG,
-                    LOAD_EV, STORE_EV)
+        raw, scr, rope, valid = _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG, LOAD_EV)
+        _stage_put(raw, scr, rope, valid, kv_ptr + at * 512, ok_ptr + at, BG, STORE_EV)
 
 
 @triton.jit
@@ -1222,7 +1213,10 @@ class _Launch:
         if self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
-            rnd = min(self.cfg.stage_round or 2, triton.cdiv(max_tiles, nsplit))
+            want = 2 if self.cfg.stage_round is None else self.cfg.stage_round
+            if want < 1:
+                raise ValueError(f"stage_round must be >= 1 tile per round, got {want}")
+            rnd = min(want, triton.cdiv(max_tiles, nsplit))
             kv, ok = _stage_buffers(rows * head_blocks * nsplit * rnd * bt, dev)
             _sparse_decode_local_kernel[(rows, head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1),

@@ -193,14 +193,19 @@ def test_radix1_long_row_and_ties_in_index_order(gen: torch.Generator) -> None:
     assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
 
 
-def test_topk_method_and_tunables_are_checked(gen: torch.Generator) -> None:
+@pytest.mark.parametrize(("kw", "field"), [
+    (dict(method="sort"), "method"),
+    (dict(method="radix1", cap=2), "cap"),
+    (dict(method="radix3", nprog=3), "nprog"),
+    (dict(method="radix3", sel_block=100), "block"),
+])
+def test_topk_method_and_tunables_are_checked(gen: torch.Generator, kw: dict[str, Any],
+                                              field: str) -> None:
     logits = torch.randn(1, 10, generator=gen)
     lens = torch.tensor([10], dtype=torch.int32)
     pt = torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="method"):
-        indexer_topk(logits, lens, pt, 16, 4, method="sort")
-    with pytest.raises(ValueError, match="cap"):
-        indexer_topk(logits, lens, pt, 16, 4, method="radix1", cap=2)
+    with pytest.raises(ValueError, match=field):
+        indexer_topk(logits, lens, pt, 16, 4, **kw)
 
 
 def test_logits_tunables_keep_results(gen: torch.Generator) -> None:
@@ -277,16 +282,6 @@ def test_radix3_list_over_cap_falls_back_to_the_row(gen: torch.Generator) -> Non
                              block=128, sel_block=256, direct=64, cap=topk, fuse=fuse)
         assert raw[0].tolist() == list(range(topk))
         assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
-
-
-def test_radix3_tunables_are_checked(gen: torch.Generator) -> None:
-    logits = torch.randn(1, 10, generator=gen)
-    lens = torch.tensor([10], dtype=torch.int32)
-    pt = torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="nprog"):
-        indexer_topk(logits, lens, pt, 16, 4, method="radix3", nprog=3)
-    with pytest.raises(ValueError, match="block"):
-        indexer_topk(logits, lens, pt, 16, 4, method="radix3", sel_block=100)
 
 
 @pytest.mark.parametrize("page_size", [16, 48])

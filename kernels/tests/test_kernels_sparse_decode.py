@@ -76,6 +76,13 @@ def test_local_rounds_and_staging_blocks(gen: torch.Generator, block_t: int, sta
     assert res["ok"], res
 
 
+def test_local_rejects_an_empty_round(gen: torch.Generator) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=16)
+    with pytest.raises(ValueError, match="stage_round"):
+        sparse_mla_decode(**case.kwargs(), config=DecodeConfig(
+            block_h=16, block_t=16, variant="local", stage_round=0))
+
+
 @pytest.mark.parametrize("variant", ["staged", "local"])
 def test_staged_rejects_a_staging_block_that_does_not_divide_the_tile(
         gen: torch.Generator, variant: str) -> None:
