@@ -194,10 +194,13 @@ def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr
 
 @triton.jit
 def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr):
+                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK: tl.constexpr,
+                NSPLIT: tl.constexpr, SCALED: tl.constexpr):
     """Write a [BH, 512] result: final output and sink-exclusive LSE (one split), or the split's
-    normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (fp32
-    by default; bf16 only on request, see ``DecodeConfig.bf16_partials``)."""
+    normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (see
+    ``DecodeConfig.partials``). ``SCALED``: each head's partial is divided by a power of two
+    that brings its largest magnitude into [0.5, 1] before the (fp16) store, and the exponent
+    goes to ``ks_ptr``: fp16's 11-bit significand without its 65504 ceiling."""
     dd = tl.arange(0, 512)
     has = l_i > 0.0
     safe_l = tl.where(has, l_i, 1.0)
@@ -215,6 +218,13 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
         tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
     else:
         prow = (r * NSPLIT + sp).to(tl.int64) * H
+        if SCALED:
+            amax = tl.max(tl.abs(o), axis=1)
+            # clamped so that 2^-k stays a normal fp32 number; exact, a power of two
+            k = tl.where(amax > 0.0, tl.ceil(tl.math.log2(tl.where(amax > 0.0, amax, 1.0))), 0.0)
+            k = tl.minimum(tl.maximum(k, -126.0), 126.0)
+            o = o * tl.math.exp2(-k)[:, None]
+            tl.store(ks_ptr + prow + heads, k, mask=hmask)
         tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
                  o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
@@ -367,6 +377,7 @@ def _sparse_decode_full_kernel(
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
+    SCALED: tl.constexpr, ks_ptr,
 ):
     r = tl.program_id(0)
     hb = tl.program_id(1)
@@ -400,7 +411,7 @@ def _sparse_decode_full_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK, NSPLIT, SCALED)
 
 
 @triton.jit
@@ -474,6 +485,7 @@ def _sparse_decode_pf_kernel(
     A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+    SCALED: tl.constexpr, ks_ptr,
 ):
     """Full-width variant with one tile of loads in flight ahead of the matrix products.
 
@@ -525,7 +537,7 @@ def _sparse_decode_pf_kernel(
             m_i, l_i, acc = _attend_full_tile(q, k, idx >= 0, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK, NSPLIT, SCALED)
 
 
 @triton.jit
@@ -802,6 +814,7 @@ def _sparse_decode_staged_kernel(
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
     LOAD_EV: tl.constexpr,
+    SCALED: tl.constexpr, ks_ptr,
 ):
     """Phase 2 of ``staged``: attention over the row's contiguous dequantized tiles.
 
@@ -840,7 +853,7 @@ def _sparse_decode_staged_kernel(
         m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK, NSPLIT, SCALED)
 
 
 @triton.jit
@@ -856,6 +869,7 @@ def _sparse_decode_local_kernel(
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
     BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
     ROUND: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr,
+    SCALED: tl.constexpr, ks_ptr,
 ):
     """``staged`` in one launch: each program stages its own keys into a private slot of
     ``ROUND`` tiles, then attends over them, round after round.
@@ -910,13 +924,14 @@ def _sparse_decode_local_kernel(
         tl.debug_barrier()  # the next round overwrites the slot only after every read
 
     _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, H, s_q, HAS_SINK, NSPLIT)
+                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK, NSPLIT, SCALED)
 
 
 @triton.jit
 def _combine_kernel(
-    op_ptr, lp_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
+    op_ptr, lp_ptr, ks_ptr, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, H, s_q,
     HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr, BH: tl.constexpr, DC: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """Merge split partials of (row, head block, column block) with a log-sum-exp (base 2)."""
     r = tl.program_id(0)
@@ -943,6 +958,8 @@ def _combine_kernel(
         tot += w
         o = tl.load(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :], mask=hmask[:, None],
                     other=0.0).to(tl.float32)
+        if SCALED:  # undo the store's power-of-two scale inside the weight
+            w = w * tl.math.exp2(tl.load(ks_ptr + prow + heads, mask=hmask, other=0.0))
         acc += w[:, None] * o
     has = tot > 0.0
     safe = tl.where(has, tot, 1.0)
@@ -970,13 +987,15 @@ class DecodeConfig:
     99 KB), ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
     attention whose tile loads Triton pipelines into shared memory), ``"local"`` (staged inside
     one launch: each program stages ``stage_round`` tiles into a private slot, attends over
-    them, and repeats) or ``"gp"``. Numbers: NOTES.md v1-v6.
+    them, and repeats) or ``"gp"``. Numbers: NOTES.md v1-v7.
+
+    ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
+    variant supports it: full, pf, staged, local) stores each head's partial scaled by a power
+    of two into fp16 plus the exponent; ``"fp32"`` (the default for dsplit and gp) costs twice
+    the bytes; ``"bf16"`` is a sweep knob only: its 8-bit significand, amplified when splits
+    nearly cancel, failed the reference tolerance in CI (NOTES.md v6-v7).
 
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
-    ``bf16_partials`` (split partials in bf16 instead of fp32: half the partial bytes, but a
-    rounding of each split's output that the combine can amplify; off by default since a
-    CI run caught pf with two nearly cancelling splits outside the reference tolerance, see
-    NOTES.md v6),
     ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
     ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
     the cache past L2 and keep the scratch in it).
@@ -989,7 +1008,7 @@ class DecodeConfig:
     nsplit: int | None = None
     variant: str | None = None
     prefetch: bool = True
-    bf16_partials: bool = False
+    partials: str | None = None
     stage_block: int | None = None
     l2_hints: bool = True
     stage_warps: int = 4
@@ -1001,13 +1020,16 @@ DEFAULT_CONFIG = DecodeConfig()
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
                   "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
-# Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with either partial dtype (Triton
-# 3.6; 80 KB on sm_90 with bf16 partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
+# Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
+# 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
 # on sm_120.
 _FULL_SMEM = 160 * 1024
 # "staged" and "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
+# Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
+PARTIALS = ("fp32", "bf16", "fp16")
+SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local"})
 
 
 def available_variants(max_shared: int) -> tuple[str, ...]:
@@ -1189,16 +1211,35 @@ class _Launch:
             raise ValueError(f"stage_block ({bg}) must divide block_t ({self.block_t})")
         return bg
 
+    def _partials(self) -> str:
+        """The split-partial format (``DecodeConfig.partials``), checked against the variant."""
+        fmt = self.cfg.partials
+        if fmt is None:
+            return "fp16" if self.variant in SCALED_VARIANTS else "fp32"
+        if fmt not in PARTIALS:
+            raise ValueError(f"partials must be one of {list(PARTIALS)}, got {fmt!r}")
+        if fmt == "fp16" and self.variant not in SCALED_VARIANTS:
+            raise ValueError(f"partials='fp16' needs a per-head scale that the {self.variant!r} "
+                             f"epilogue does not compute (it has {sorted(SCALED_VARIANTS)}); "
+                             "use 'fp32' or leave it None")
+        return fmt
+
     def rows(self, q2: torch.Tensor, a: _Keys, bk: _Keys, o2: torch.Tensor, lse: torch.Tensor,
              nsplit: int) -> None:
         rows, h = q2.shape[0], self.h
         dev = q2.device
+        fmt = self._partials()
+        scaled = nsplit > 1 and fmt == "fp16"
         if nsplit > 1:
             o_part = torch.empty(rows * nsplit * h * HEAD_DIM, device=dev,
-                                 dtype=torch.bfloat16 if self.cfg.bf16_partials else torch.float32)
+                                 dtype={"fp32": torch.float32, "bf16": torch.bfloat16,
+                                        "fp16": torch.float16}[fmt])
             l_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=dev)
+            k_part = torch.empty(rows * nsplit * h, dtype=torch.float32, device=dev) \
+                if scaled else l_part
         else:
-            o_part = l_part = lse  # unused placeholders
+            o_part = l_part = k_part = lse  # unused placeholders
+        scale = dict(SCALED=scaled, ks_ptr=k_part)
         dummy = lse
         sink = self.sink if self.sink is not None else dummy
         a_len = a.length if a.length is not None else dummy
@@ -1223,7 +1264,7 @@ class _Launch:
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
                 bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
                 kv, ok, sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                h, self.s_q, self.qk_scale, **flags, **heads,
+                h, self.s_q, self.qk_scale, **flags, **heads, **scale,
                 STAGES=self.num_stages, ROUND=rnd, BG=bg,
                 LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
                 num_warps=self.num_warps,
@@ -1243,7 +1284,7 @@ class _Launch:
             _sparse_decode_staged_kernel[(rows, head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1), kv, ok, a_len, a.topk, b_len, bk.topk,
                 sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads,
+                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads, **scale,
                 STAGES=self.num_stages, LOAD_EV="evict_first" if ev else "",
                 num_warps=self.num_warps,
             )
@@ -1255,6 +1296,8 @@ class _Launch:
                 extra["PREFETCH"] = self.cfg.prefetch
             if self.variant == "gp":
                 extra["STAGES"] = self.num_stages
+            if self.variant in SCALED_VARIANTS:
+                extra.update(scale)
             kernel[(rows, self.col_blocks * head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1),
                 a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
@@ -1266,8 +1309,9 @@ class _Launch:
         if nsplit > 1:
             bhc = 16
             _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
-                o_part, l_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,
-                HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, num_warps=4,
+                o_part, l_part, k_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,
+                HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, SCALED=scaled,
+                num_warps=4,
             )
 
 
@@ -1280,5 +1324,5 @@ def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]
     return float(kv + qo + idx), flops
 
 
-__all__ = ["DecodeConfig", "available_variants", "choose_nsplit", "choose_variant",
-           "roofline_bytes_flops", "sparse_mla_decode"]
+__all__ = ["PARTIALS", "SCALED_VARIANTS", "DecodeConfig", "available_variants", "choose_nsplit",
+           "choose_variant", "roofline_bytes_flops", "sparse_mla_decode"]

@@ -7,11 +7,13 @@ the head block, and SWA-only as well as SWA + extra key lists.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from dsv4_kernels.cases import DecodeCase, compare_decode, make_decode_case
-from dsv4_kernels.layout import quantize_model1
+from dsv4_kernels.layout import dequantize_model1, model1_geometry, quantize_model1
 from dsv4_kernels.reference import ref_sparse_decode
 from dsv4_kernels.sparse_decode import DecodeConfig, choose_nsplit, sparse_mla_decode
 
@@ -190,13 +192,52 @@ def test_split_partials_keep_nearly_cancelling_splits_exact(gen: torch.Generator
     assert res["ok"], res
 
 
-@pytest.mark.parametrize(("variant", "bf16_partials"), [("full", True), ("pf", False)])
-def test_partial_dtype_is_a_free_choice(gen: torch.Generator, variant: str,
-                                        bf16_partials: bool) -> None:
+@pytest.mark.parametrize(("variant", "partials"), [("full", "bf16"), ("pf", "fp32"),
+                                                   ("local", "fp16"), ("gp", "bf16")])
+def test_partial_format_is_a_free_choice(gen: torch.Generator, variant: str,
+                                         partials: str) -> None:
     case = make_decode_case(gen, batch=2, heads=16, topk=24, extra_topk=40, page_size=7,
                             extra_page_size=5)
     cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, num_stages=1, nsplit=3,
-                       variant=variant, bf16_partials=bf16_partials)
+                       variant=variant, partials=partials)
     res = compare_decode(*sparse_mla_decode(**case.kwargs(), config=cfg),
                          *ref_sparse_decode(**case.kwargs()))
     assert res["ok"], res
+
+
+@pytest.mark.parametrize("variant", ["full", "pf", "staged", "local"])
+@pytest.mark.parametrize("magnitude", [1e6, 1e-6])
+def test_fp16_partials_keep_their_precision_at_any_magnitude(gen: torch.Generator, variant: str,
+                                                            magnitude: float) -> None:
+    """Default partials are fp16 with a per-head power-of-two scale: values far above fp16's
+    65504 must not overflow and values far below its normal range must keep their digits."""
+    case = make_decode_case(gen, batch=2, heads=16, topk=24, extra_topk=40, page_size=7,
+                            extra_page_size=5, sink=False)
+    def scaled(cache: torch.Tensor) -> torch.Tensor:
+        pages, ps, _ = model1_geometry(cache)
+        return quantize_model1(dequantize_model1(cache).view(pages, ps, 512) * magnitude)
+
+    # keys x magnitude and queries / magnitude: the same logits, outputs x magnitude
+    assert case.extra_k_cache is not None
+    case = dataclasses.replace(case, q=(case.q.float() / magnitude).to(torch.bfloat16),
+                               k_cache=scaled(case.k_cache),
+                               extra_k_cache=scaled(case.extra_k_cache))
+    cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, num_stages=2, nsplit=3,
+                       variant=variant)
+    out, lse = sparse_mla_decode(**case.kwargs(), config=cfg)
+    ref_out, ref_lse = ref_sparse_decode(**case.kwargs())
+    assert torch.isfinite(out.float()).all()
+    rel = float((out.float() - ref_out).norm() / ref_out.norm())
+    assert rel < 1e-2, rel
+    assert float((lse - ref_lse).abs().max()) < 1e-3
+
+
+@pytest.mark.parametrize(("variant", "partials", "match"),
+                         [("dsplit", "fp16", "per-head scale"), ("gp", "fp16", "per-head scale"),
+                          ("local", "fp64", "partials must be one of")])
+def test_unsupported_partial_formats_are_refused(gen: torch.Generator, variant: str,
+                                                 partials: str, match: str) -> None:
+    case = make_decode_case(gen, batch=1, heads=16, topk=16)
+    cfg = DecodeConfig(block_h=16, block_t=16, nsplit=2, variant=variant, partials=partials)
+    with pytest.raises(ValueError, match=match):
+        sparse_mla_decode(**case.kwargs(), config=cfg)

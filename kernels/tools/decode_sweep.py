@@ -27,7 +27,7 @@ def staged_configs(bsz: int) -> list[DecodeConfig]:
 
     out = [st(block_t=64, num_stages=2),
            st(block_t=64, num_stages=2, l2_hints=False),
-           st(block_t=64, num_stages=2, bf16_partials=True), st(block_t=32, num_stages=3),
+           st(block_t=64, num_stages=2, partials="bf16"), st(block_t=32, num_stages=3),
            st(block_h=32, block_t=32, num_stages=2, num_warps=4, nsplit=1),
            st(block_h=32, block_t=32, num_stages=2, num_warps=8, nsplit=1),
            st(block_h=32, block_t=32, num_stages=2, num_warps=4)]
@@ -43,12 +43,22 @@ def local_configs() -> list[DecodeConfig]:
     return [DecodeConfig(variant="staged"), DecodeConfig(variant="gp", block_t=64, num_stages=2),
             lo(), lo(stage_round=1), lo(stage_round=3), lo(stage_round=2, l2_hints=False),
             lo(stage_block=32), lo(stage_round=2, nsplit=3),
-            lo(block_t=32, num_stages=3, stage_round=4)]
+            lo(block_t=32, num_stages=3, stage_round=4), lo(partials="fp32"), lo(partials="bf16")]
+
+
+def partial_configs(bsz: int) -> list[DecodeConfig]:
+    """Split-partial formats side by side (NOTES.md v7)."""
+    out = [DecodeConfig(variant="local", partials=p) for p in ("fp16", "fp32", "bf16")]
+    if bsz >= 64:
+        out += [DecodeConfig(variant="pf", block_t=16, partials=p) for p in ("fp16", "fp32")]
+    return out
 
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
     if only == "local":
         return local_configs()
+    if only == "partials":
+        return partial_configs(bsz)
     if only == "stage":
         return [DecodeConfig(variant="staged"), DecodeConfig(variant="staged", stage_warps=8),
                 DecodeConfig(variant="staged", stage_block=16),
@@ -68,14 +78,14 @@ def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[Dec
         return [DecodeConfig(variant="pf", block_t=16, num_warps=8),
                 DecodeConfig(variant="dsplit", block_t=32),
                 DecodeConfig(variant="staged", block_t=16, num_stages=2)]
-    out = [DecodeConfig(variant="full"), DecodeConfig(variant="full", bf16_partials=True)]
+    out = [DecodeConfig(variant="full"), DecodeConfig(variant="full", partials="bf16")]
 
     def pf(**kw: object) -> DecodeConfig:
         return DecodeConfig(variant="pf", **kw)  # type: ignore[arg-type]
 
     if bsz >= 64:
         out += [pf(block_t=32, num_warps=8), pf(block_t=32, num_warps=16),
-                pf(block_t=64, num_warps=8), pf(block_t=32, num_warps=8, bf16_partials=True),
+                pf(block_t=64, num_warps=8), pf(block_t=32, num_warps=8, partials="bf16"),
                 pf(block_t=32, num_warps=8, nsplit=1), pf(block_t=32, num_warps=8, nsplit=3),
                 pf(block_t=32, num_warps=8, nsplit=4), pf(block_t=64, num_warps=8, nsplit=1),
                 pf(block_t=64, num_warps=8, nsplit=3), pf(block_t=32, num_warps=8, num_stages=2)]
@@ -92,7 +102,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
-    ap.add_argument("--only", choices=["staged", "gp", "stage", "local"],
+    ap.add_argument("--only", choices=["staged", "gp", "stage", "local", "partials"],
                     help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -121,7 +131,7 @@ def main() -> int:
             if bsz < 64 and cfg.nsplit == 1 and cfg.block_h == 32:
                 continue
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
-                    f" ns={cfg.nsplit} st={cfg.num_stages} b16={cfg.bf16_partials}"
+                    f" ns={cfg.nsplit} st={cfg.num_stages} pt={cfg.partials}"
                     f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} sw={cfg.stage_warps}"
                     f" bh={cfg.block_h} rnd={cfg.stage_round}")
             try:
