@@ -220,8 +220,10 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
         prow = (r * NSPLIT + sp).to(tl.int64) * H
         if SCALED:
             amax = tl.max(tl.abs(o), axis=1)
-            # clamped so that 2^-k stays a normal fp32 number; exact, a power of two
-            k = tl.where(amax > 0.0, tl.ceil(tl.math.log2(tl.where(amax > 0.0, amax, 1.0))), 0.0)
+            # k = 0 for an all-zero head (log2 1); clamped so that 2^-k stays a normal fp32
+            # number. A power of two: the scaling adds no rounding beyond exp2's own, which is
+            # far below fp16's.
+            k = tl.ceil(tl.math.log2(tl.where(amax > 0.0, amax, 1.0)))
             k = tl.minimum(tl.maximum(k, -126.0), 126.0)
             o = o * tl.math.exp2(-k)[:, None]
             tl.store(ks_ptr + prow + heads, k, mask=hmask)
