@@ -199,7 +199,7 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
     """Write a [BH, 512] result: final output and sink-exclusive LSE (one split), or the split's
     normalized partial and base-2 LSE for the combine. Partials take ``op_ptr``'s dtype (see
     ``DecodeConfig.partials``). ``SCALED``: each head's partial is divided by a power of two
-    that brings its largest magnitude into [0.5, 1] before the (fp16) store, and the exponent
+    that brings its largest magnitude into (0.5, 1] before the (fp16) store, and the exponent
     goes to ``ks_ptr``: fp16's 11-bit significand without its 65504 ceiling."""
     dd = tl.arange(0, 512)
     has = l_i > 0.0
