@@ -48,6 +48,19 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _model1_slots(idx, ps, pb):
+    """Byte offsets of each slot's 576 data bytes and of its 8 scale bytes in a flat MODEL1
+    cache of ``ps`` tokens and ``pb`` bytes per page (layout.py). Index -1 maps to slot 0;
+    callers mask those loads. max() rather than where(valid, ...): Triton 3.6's
+    layout-conversion removal fails on a select fed by pf's loop-carried indices (seen
+    compiling for sm_90 with Triton 3.6.0)."""
+    safe = tl.maximum(idx, 0).to(tl.int64)
+    page = safe // ps
+    off = safe - page * ps
+    return page * pb + off * 576, page * pb + ps * 576 + off * 8
+
+
+@triton.jit
 def _nope_chunk(u8_ptr, base, sbase, valid, C: tl.constexpr, DT: tl.constexpr):
     """Columns [64C, 64C+64) of a gathered tile: FP8 E4M3 times its UE8M0 scale, as DT."""
     d = tl.arange(0, 64)
@@ -95,11 +108,7 @@ def _attend_tile(
     in_range = offs_t < n_valid
     idx = tl.load(idx_row_ptr + offs_t, mask=in_range, other=-1)
     valid = in_range & (idx >= 0)
-    safe = tl.where(valid, idx, 0).to(tl.int64)
-    page = safe // page_size
-    off = safe - page * page_size
-    base = page * page_bytes + off * 576
-    sbase = page * page_bytes + page_size * 576 + off * 8
+    base, sbase = _model1_slots(idx, page_size, page_bytes)
     s = tl.dot(q0, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 0, DT)),
                input_precision=PREC)
     s = tl.dot(q1, tl.trans(_nope_chunk(u8_ptr, base, sbase, valid, 1, DT)), s,
@@ -329,11 +338,7 @@ def _load_kv_tile(
     in_range = offs_t < n_valid
     idx = tl.load(idx_row_ptr + offs_t, mask=in_range, other=-1)
     valid = in_range & (idx >= 0)
-    safe = tl.where(valid, idx, 0).to(tl.int64)
-    page = safe // page_size
-    off = safe - page * page_size
-    base = page * page_bytes + off * 576  # byte offset of the token's data
-    sbase = page * page_bytes + page_size * 576 + off * 8  # byte offset of its 8 scale bytes
+    base, sbase = _model1_slots(idx, page_size, page_bytes)
     c = tl.arange(0, 8)
     d = tl.arange(0, 64)
     col = c[:, None] * 64 + d[None, :]  # [8, 64]: chunks 0..6 fp8 nope, chunk 7 bf16 rope
@@ -448,13 +453,7 @@ def _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, i
         ps = b_ps
         pb = b_pb
     valid = idx >= 0
-    # max() rather than where(valid, ...): Triton 3.6's layout-conversion removal fails on a
-    # select fed by this loop-carried tensor (seen compiling for sm_90 with Triton 3.6.0).
-    safe = tl.maximum(idx, 0).to(tl.int64)
-    page = safe // ps
-    off = safe - page * ps
-    base = page * pb + off * 576
-    sbase = page * pb + ps * 576 + off * 8
+    base, sbase = _model1_slots(idx, ps, pb)
     c = tl.arange(0, 8)
     d = tl.arange(0, 64)
     col = c[:, None] * 64 + d[None, :]
@@ -559,11 +558,7 @@ def _gp_tile(u8, bf, i_row, t, n, ps, pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l
     offs = t * BT + tl.arange(0, BT)
     idx = tl.load(i_row + offs, mask=offs < n, other=-1)
     valid = idx >= 0
-    safe = tl.maximum(idx, 0).to(tl.int64)
-    page = safe // ps
-    off = safe - page * ps
-    base = page * pb + off * 576
-    sbase = page * pb + ps * 576 + off * 8
+    base, sbase = _model1_slots(idx, ps, pb)
     d = tl.arange(0, 64)
     vm = valid[:, None]
     r0 = tl.load(u8 + base[:, None] + d[None, :], mask=vm, other=0)
@@ -703,11 +698,7 @@ def _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG: tl.constexpr, LOAD_EV: tl.c
     offs = loc + tl.arange(0, BG)
     idx = tl.load(i_row + offs, mask=offs < n, other=-1)
     valid = idx >= 0
-    safe = tl.maximum(idx, 0).to(tl.int64)
-    page = safe // ps
-    off = safe - page * ps
-    base = page * pb + off * 576
-    sbase = page * pb + ps * 576 + off * 8
+    base, sbase = _model1_slots(idx, ps, pb)
     c = tl.arange(0, 8)
     d = tl.arange(0, 64)
     col = c[:, None] * 64 + d[None, :]
