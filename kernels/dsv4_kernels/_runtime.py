@@ -49,3 +49,12 @@ def device_max_shared(t: torch.Tensor) -> int:
         return 232448
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     return _max_shared(index)
+
+
+def device_arch(t: torch.Tensor) -> int | None:
+    """Compute capability of ``t``'s device as one number (90 for sm_90, 120 for sm_120);
+    None off the GPU (CPU tensors, the interpreter)."""
+    if t.device.type != "cuda" or interpreting():
+        return None
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return major * 10 + minor

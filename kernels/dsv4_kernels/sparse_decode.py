@@ -19,11 +19,14 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
-* Six variants, chosen from static shapes and the device's shared memory
-  (:func:`choose_variant`, numbers in NOTES.md v3-v6): ``local`` (each program dequantizes its
+* Seven variants, chosen from static shapes, the device's shared memory and architecture
+  (:func:`choose_variant`, numbers in NOTES.md v3-v8): ``wg`` (a Gluon kernel for sm_90 in
+  ``wg_decode.py``: explicit warpgroup layouts, so neither product is computed twice, and
+  the gather copied into shared memory a tile ahead; the H200 default from 5 programs up,
+  218 KB), ``local`` (each program dequantizes its
   own keys, two tiles at a time, into a private bf16 slot that stays in L2 and attends over
-  it with tile loads Triton pipelines into shared memory; the H200 default from 5 programs
-  up, 196 KB at BT 64), ``staged`` (the same in two launches through a whole-batch scratch;
+  it with tile loads Triton pipelines into shared memory; the default where wg cannot run,
+  196 KB at BT 64), ``staged`` (the same in two launches through a whole-batch scratch;
   selectable), ``dsplit`` (two
   programs per row split the V columns; a handful of rows), ``pf`` (one loop over SWA + extra
   tiles with the next tile's loads issued a step ahead; 82 KB at BT 16 on sm_120, the choice on
@@ -35,12 +38,13 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from ._runtime import device_max_shared, device_sms, interpreting
+from ._runtime import device_arch, device_max_shared, device_sms, interpreting
 from .layout import BYTES_PER_TOKEN, HEAD_DIM, flat_bytes, model1_geometry
 
 LOG2E = 1.4426950408889634
@@ -980,7 +984,10 @@ class DecodeConfig:
     99 KB), ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
     attention whose tile loads Triton pipelines into shared memory), ``"local"`` (staged inside
     one launch: each program stages ``stage_round`` tiles into a private slot, attends over
-    them, and repeats) or ``"gp"``. Numbers: NOTES.md v1-v7.
+    them, and repeats), ``"gp"`` or ``"wg"`` (wg_decode.py: a Gluon kernel for sm_90 whose two
+    warpgroups split ``Q K^T`` by keys and ``P V`` by columns, with the gather copied into
+    shared memory by cp.async a tile ahead; the sm_90 default from 5 programs up). Numbers:
+    NOTES.md v1-v8.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
     variant supports it: full, pf, staged, local) stores each head's partial scaled by a power
@@ -1011,7 +1018,8 @@ class DecodeConfig:
 DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8)}
+                  "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8),
+                  "wg": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
@@ -1020,37 +1028,56 @@ _FULL_SMEM = 160 * 1024
 # "staged" and "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
+# "wg" (wg_decode.py) at BT 64 / 2 raw stages: 217.6 KB (Q 64 + K 64 + P 8 + two stages of
+# raw bytes 2 x 40.6 KB), Triton 3.6 and 3.9, sm_90.
+_WG_SMEM = 218 * 1024
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
-SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local"})
+SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local", "wg"})
 
 
-def available_variants(max_shared: int) -> tuple[str, ...]:
-    """Variants whose default tiles fit a device with ``max_shared`` bytes per block."""
+@functools.cache
+def _gluon_ok() -> bool:
+    """Whether this Triton has the Gluon (experimental) API the ``wg`` kernel is written in."""
+    try:
+        from . import wg_decode  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def available_variants(max_shared: int, arch: int | None = None) -> tuple[str, ...]:
+    """Variants whose default tiles fit a device with ``max_shared`` bytes per block; ``arch``
+    (compute capability as 90, 120, ...) adds ``wg`` on sm_90, the one part it is built for."""
     if max_shared >= _STAGED_SMEM:
-        return ("full", "dsplit", "pf", "staged", "gp", "local")
+        wg = ("wg",) if arch == 90 and max_shared >= _WG_SMEM and _gluon_ok() else ()
+        return ("full", "dsplit", "pf", "staged", "gp", "local", *wg)
     if max_shared >= _FULL_SMEM:
         return ("full", "dsplit", "pf", "gp")
     return ("dsplit", "pf")
 
 
-def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int
-                   ) -> tuple[str, int | None]:
+def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
+                   arch: int | None = None) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements, side by side in one run (NOTES.md v6, device runs 18-21): ``local`` at
-    BT 64 is the fastest from B=64 up (B=64/512: 52.5-54.0 µs vs 57.5-58.0 for ``staged`` and
-    58.3 for ``gp``; B=64/1024: 81-83 vs 91; B=128/512: 85.5-89.7 vs 97.9) and level with
-    staged at B=8 (28.1 vs 27.6); for a handful of programs dsplit at BT 64 (B=1: ~19 µs,
-    NOTES.md v4), whose split-K gain is the larger one. Devices with 99 KB per block (sm_120,
-    sm_89) take pf at BT 16, the fastest variant that fits there (local and staged need 196 KB
-    at BT 64). local allocates a transient scratch of one slot per program, rows x splits x
-    2 tiles x 64 KB (17 MB at B=64), from the caller's allocator (the graph pool under capture).
+    H200 measurements, side by side in one run (NOTES.md v8, device runs 30-32): the Gluon
+    ``wg`` kernel is the fastest from 5 programs up on sm_90 (B=64/512: 36.7 µs against 54.7
+    for ``local``; B=64/1024, B=128 and B=8 likewise); for a handful of programs dsplit at
+    BT 64 (B=1: ~18 µs, NOTES.md v4), whose split-K gain is the larger one. Without wgmma
+    (sm_100, or a Triton build whose Gluon cannot compile it) ``local`` leads (B=64/512:
+    52.5-54.0 µs vs 57.5-58.0 for ``staged``, NOTES.md v6). Devices with 99 KB per block
+    (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there (local and staged
+    need 196 KB at BT 64). local allocates a transient scratch of one slot per program, rows x
+    splits x 2 tiles x 64 KB (17 MB at B=64), from the caller's allocator (the graph pool under
+    capture).
     """
     if max_shared < _FULL_SMEM:
         return "pf", None
     if rows * head_blocks <= 4:
         return "dsplit", 64
+    if "wg" in available_variants(max_shared, arch):
+        return "wg", None
     return ("local" if max_shared >= _STAGED_SMEM else "full"), None
 
 
@@ -1065,6 +1092,25 @@ def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
     want = max(1, round(sms / programs))
     # Cap: every split adds an fp32 partial of H x 512 per row that the combine must read back.
     return int(max(1, min(want, max_tiles, 16)))
+
+
+def _wg_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: tuple[int, ...],
+                block_t: int, stages: int, warps: int) -> str | None:
+    """Why the Gluon ``wg`` kernel cannot run these inputs, or None when it can."""
+    if interpreting() or q.device.type != "cuda":
+        return ("variant 'wg' is a Gluon kernel for sm_90 GPUs; the Triton interpreter cannot "
+                "run it (use local, pf, full, dsplit, staged or gp)")
+    arch = device_arch(q)
+    if arch != 90 or not _gluon_ok():
+        return f"variant 'wg' needs wgmma (sm_90) and Triton's Gluon; this device is sm_{arch}"
+    if block_t not in (32, 64) or stages < 2 or warps != 8:
+        return (f"variant 'wg' takes block_t 32 or 64, num_stages >= 2 and 8 warps, got "
+                f"{block_t}, {stages}, {warps}")
+    if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
+        return (f"variant 'wg' copies keys in 16-byte pieces, so page bytes ({list(page_bytes)}) "
+                "must be multiples of 16 (even page sizes) and the cache and query tensors "
+                "16-byte aligned")
+    return None
 
 
 def _as_cache_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -1135,7 +1181,8 @@ def sparse_mla_decode(
     sms = device_sms(q)
     # Static choice from shapes and the device's shared memory (choose_variant: 99 KB parts
     # take pf, the H200 dsplit for a handful of rows and staged otherwise).
-    auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q))
+    auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
+                                           device_arch(q))
     variant = cfg.variant or auto_variant
     if variant not in _VARIANT_TILES:
         raise ValueError(f"variant must be one of {sorted(_VARIANT_TILES)}, got {variant!r}")
@@ -1144,6 +1191,18 @@ def sparse_mla_decode(
     num_stages = cfg.num_stages or _VARIANT_TILES[variant][1]
     num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
     col_blocks = 2 if variant == "dsplit" else 1
+    if variant == "wg":
+        refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps)
+        if refusal and cfg.variant == "wg":
+            raise ValueError(refusal)
+        if refusal:  # the automatic choice falls back to the Triton variant of this class
+            variant = "local"
+            bt, ns, nw = _VARIANT_TILES["local"]
+            block_t, num_stages, num_warps = (cfg.block_t or bt, cfg.num_stages or ns,
+                                              cfg.num_warps or nw)
+    if variant == "wg":
+        block_h = 64  # the wgmma grid's M; heads beyond h are masked
+        head_blocks = triton.cdiv(h, block_h)
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
 
     out = torch.empty(b, s_q, h, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
@@ -1244,7 +1303,13 @@ class _Launch:
         head_blocks = triton.cdiv(h, self.block_h)
         bt = self.block_t
         ev = self.cfg.l2_hints and not interpreting()
-        if self.variant == "local":
+        if self.variant == "wg":
+            from .wg_decode import launch_wg  # Gluon: imported only where it can run
+
+            launch_wg(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
+                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
+                      self.block_t, self.num_stages)
+        elif self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
             want = 2 if self.cfg.stage_round is None else self.cfg.stage_round

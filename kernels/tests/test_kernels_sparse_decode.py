@@ -155,12 +155,20 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     from dsv4_kernels.sparse_decode import available_variants, choose_variant
 
     h200, sm120 = 232448, 101376
-    assert choose_variant(64, 1, 132, h200) == ("local", None)
+    # sm_90 with the Gluon wgmma kernel: wg from 5 programs up, dsplit below
+    assert choose_variant(64, 1, 132, h200, 90) == ("wg", None)
+    assert choose_variant(8, 1, 132, h200, 90) == ("wg", None)
+    assert choose_variant(1, 1, 132, h200, 90) == ("dsplit", 64)
+    # the same shared memory without wgmma (sm_100, or arch unknown): the Triton variants
+    for arch in (None, 100):
+        assert "wg" not in available_variants(h200, arch)
+        assert choose_variant(64, 1, 132, h200, arch) == ("local", None)
+        assert choose_variant(8, 1, 132, h200, arch) == ("local", None)
     assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)
-    assert choose_variant(8, 1, 132, h200) == ("local", None)
+    assert "wg" not in available_variants(167936, 90)  # an sm_90 part with too little memory
     # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
     for rows in (1, 8, 64, 128):
-        assert choose_variant(rows, 1, 188, sm120)[0] in available_variants(sm120)
+        assert choose_variant(rows, 1, 188, sm120, 120)[0] in available_variants(sm120, 120)
     assert "full" not in available_variants(sm120)
     for big in ("staged", "local"):  # 196 KB at their default BT 64
         assert big not in available_variants(sm120)

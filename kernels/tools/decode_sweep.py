@@ -54,7 +54,18 @@ def partial_configs(bsz: int) -> list[DecodeConfig]:
     return out
 
 
+def wg_configs() -> list[DecodeConfig]:
+    """The Gluon variant (wg_decode.py) against the Triton default it would replace."""
+    def wg(**kw: object) -> DecodeConfig:
+        return DecodeConfig(variant="wg", **kw)  # type: ignore[arg-type]
+
+    return [DecodeConfig(variant="local"), wg(), wg(block_t=32, num_stages=3),
+            wg(partials="fp32"), wg(nsplit=1), wg(nsplit=3)]
+
+
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
+    if only == "wg":
+        return wg_configs()
     if only == "local":
         return local_configs()
     if only == "partials":
@@ -102,7 +113,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="64:512,64:1024,1:512,8:1024")
     ap.add_argument("--json")
     ap.add_argument("--limits", action="store_true", help="only configs that fit 99 KB")
-    ap.add_argument("--only", choices=["staged", "gp", "stage", "local", "partials"],
+    ap.add_argument("--only", choices=["staged", "gp", "stage", "local", "partials", "wg"],
                     help="one variant family (plus references)")
     args = ap.parse_args()
     dev = torch.device("cuda")

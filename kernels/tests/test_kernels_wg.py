@@ -1,0 +1,81 @@
+"""CPU checks of the Gluon ``wg`` decode kernel (wg_decode.py).
+
+The Triton interpreter cannot run Gluon, so its numerics are checked on the GPU (selftest and
+bench, every variant against the fp32 reference). What CI can check without a GPU: that the
+kernel still compiles for sm_90 with the installed Triton (Gluon is experimental and its API
+moves between releases), that it fits the shared memory the dispatcher budgets for it, and that
+the compiled products have the shapes the design rests on: ``Q K^T`` split between the two
+warpgroups (wgmma m64n32: each scores half of a 64-key tile; Triton's own ``tl.dot`` gives both
+warpgroups the whole product) and ``P V`` as m64n256 (each warpgroup owns 256 output columns).
+The compile runs in a subprocess because this suite sets ``TRITON_INTERPRET=1``, under which
+Gluon code cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_COMPILE = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from dsv4_kernels import wg_decode as w
+
+nsplit, scaled = int(sys.argv[1]), sys.argv[2] == "1"
+fn = w._sparse_decode_wg_kernel
+consts = dict(A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
+              SCALED=scaled, BT=64, STAGES=2)
+ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16",
+        "a_u8": "*u8", "b_u8": "*u8", "a_idx": "*i32", "b_idx": "*i32", "a_len": "*i32",
+        "b_len": "*i32", "sink_ptr": "*fp32", "lse_ptr": "*fp32", "lp_ptr": "*fp32",
+        "ks_ptr": "*fp32", "op_ptr": "*fp16" if scaled else "*fp32", "qk_scale": "fp32"}
+sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
+# What the launcher guarantees and Triton's runtime specialization then sees: 16-byte aligned
+# pointers and multiples of 16 for the page bytes and strides (the launcher refuses others).
+aligned = [n for n in fn.arg_names if sig[n].startswith("*") or n.endswith("_pb")
+           or n.startswith("stride_")]
+attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+ptx = k.asm["ptx"]
+shapes = {}
+for m in re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx):
+    shapes[m] = shapes.get(m, 0) + 1
+print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes}))
+"""
+
+
+def _compile(nsplit: int, scaled: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(nsplit), "1" if scaled else "0"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("nsplit", "scaled"), [(2, True), (1, False)])
+def test_wg_compiles_for_sm90_with_split_products(nsplit: int, scaled: bool) -> None:
+    from dsv4_kernels.sparse_decode import _WG_SMEM
+
+    out = _compile(nsplit, scaled)
+    assert out["shared"] <= _WG_SMEM, out
+    # Q K^T: 512 / 16 = 32 k-steps of m64n32 per warpgroup (half of the 64 keys each);
+    # P V: 64 / 16 = 4 k-steps of m64n256 (half of the 512 columns each); nothing else.
+    assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
+
+
+def test_wg_is_refused_where_it_cannot_run(gen) -> None:
+    from dsv4_kernels.cases import make_decode_case
+    from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
+
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    with pytest.raises(ValueError, match="interpreter"):
+        sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="wg"))
