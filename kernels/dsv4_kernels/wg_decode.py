@@ -17,7 +17,9 @@ with Triton 3.6) exposes what the plain language hides, so this kernel states it
   waits on memory except through ``cp.async.wait_group``.
 * Per tile: wait for its bytes, dequantize them once (FP8 x 2^(e-127) -> bf16) into a [BT, 512]
   swizzled tile that serves as K for ``Q K^T`` (a transposed view) and as V for ``P V``, online
-  softmax in base 2, P through shared memory to both warpgroups.
+  softmax in base 2, P through shared memory to both warpgroups. With one K buffer (two do
+  not fit next to Q and the raw stages), a tile's dequantization and its products still run
+  one after the other; NOTES.md v8 has the measurements and what overlapping them would take.
 
 Everything else (key ranges, adaptive split-K, the split-partial format, the combine, output and
 LSE conventions) is the Triton variants' (``sparse_decode.py``); results agree with them up to
