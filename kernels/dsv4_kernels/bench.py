@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,64,128")
     ap.add_argument("--topks", default="512,1024")
     ap.add_argument("--ctxs", default="4096,16384,65536,131072")
-    ap.add_argument("--sweep", action="store_true", help="time extra tile configs at batch 64")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time every variant at batch 1 and 64")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: decode,indexer")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -392,10 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(device)
     sweep = []
     if args.sweep:
+        # every variant at its default tiles (a variant the device cannot run records why)
         sweep = [DecodeConfig(block_t=bt, num_stages=ns, variant=v)
-                 for v, bt, ns in [("full", 64, 1), ("full", 64, 2), ("full", 32, 2),
-                                   ("full", 64, 3), ("dsplit", 32, 2), ("dsplit", 64, 2),
-                                   ("dsplit", 16, 3)]]
+                 for v, bt, ns in [("wg", 64, 2), ("local", 64, 2), ("staged", 64, 2),
+                                   ("gp", 32, 3), ("full", 64, 1), ("dsplit", 64, 2),
+                                   ("dsplit", 32, 2), ("pf", 16, 1)]]
     skip = set(args.skip.split(","))
     if "decode" not in skip:
         bench_decode(timer, base, res["ceilings"], device,
