@@ -38,6 +38,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .sparse_decode import _model1_slots as _tl_model1_slots
+from .sparse_decode import _split_range as _tl_split_range
+
+# The Triton variants' split-K cut and MODEL1 slot offsets, compiled as Gluon (code without
+# layouts, so the same body serves both languages).
+_split_range = gluon.jit(_tl_split_range.fn)
+_model1_slots = gluon.jit(_tl_model1_slots.fn)
 # Gluon is experimental and renames things between releases: Triton 3.6 (what the lent H200's
 # torch 2.11 ships) calls the cp.async copy async_copy_global_to_shared, later releases
 # async_load with the same arguments.
@@ -65,12 +72,10 @@ def _wg_load_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, BT: gl.constexpr,
 
 @gluon.jit
 def _wg_slots(idx, ps, pb):
-    """Byte offsets of each key's 576 data bytes and 8 scale bytes (as ``_model1_slots`` in
+    """Byte offsets of each key's 576 data bytes and 8 scale bytes (``_model1_slots`` of
     sparse_decode.py), and its validity."""
-    safe = gl.maximum(idx, 0).to(gl.int64)
-    page = safe // ps
-    off = safe - page * ps
-    return page * pb + off * 576, page * pb + ps * 576 + off * 8, idx >= 0
+    base, sbase = _model1_slots(idx, ps, pb)
+    return base, sbase, idx >= 0
 
 
 @gluon.jit
@@ -206,21 +211,8 @@ def _sparse_decode_wg_kernel(
     ok_s = gl.allocate_shared_memory(gl.int8, [STAGES, BT], OK_SL)
 
     # The row's lengths (read on the device) and this split's share [lo, hi) of its tiles.
-    n_a = a_topk
-    if A_HAS_LEN:
-        n_a = gl.minimum(gl.load(a_len + bidx), a_topk)
-    n_a = gl.maximum(n_a, 0)
-    n_b = 0
-    if HAS_B:
-        n_b = b_topk
-        if B_HAS_LEN:
-            n_b = gl.minimum(gl.load(b_len + bidx), b_topk)
-        n_b = gl.maximum(n_b, 0)
-    tiles_a = gl.cdiv(n_a, BT)
-    total = tiles_a + gl.cdiv(n_b, BT)
-    per = gl.cdiv(total, NSPLIT)
-    lo = sp * per
-    hi = gl.minimum(lo + per, total)
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN,
+                                             HAS_B, B_HAS_LEN, NSPLIT, BT)
     a_row = a_idx + r.to(gl.int64) * stride_ar
     b_row = b_idx + r.to(gl.int64) * stride_br
 
