@@ -990,7 +990,7 @@ class DecodeConfig:
     NOTES.md v1-v8.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
-    variant supports it: full, pf, staged, local) stores each head's partial scaled by a power
+    variant supports it: full, pf, staged, local, wg) stores each head's partial scaled by a power
     of two into fp16 plus the exponent; ``"fp32"`` (the default for dsplit and gp) costs twice
     the bytes; ``"bf16"`` is a sweep knob only: its 8-bit significand, amplified when splits
     nearly cancel, failed the reference tolerance in CI (NOTES.md v6-v7).
@@ -1179,8 +1179,8 @@ def sparse_mla_decode(
     block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
     head_blocks = triton.cdiv(h, block_h)
     sms = device_sms(q)
-    # Static choice from shapes and the device's shared memory (choose_variant: 99 KB parts
-    # take pf, the H200 dsplit for a handful of rows and staged otherwise).
+    # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
+    # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
                                            device_arch(q))
     variant = cfg.variant or auto_variant
