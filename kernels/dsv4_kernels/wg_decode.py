@@ -29,6 +29,7 @@ so this variant needs an H100/H200-class part (227 KB per block) and wgmma; sm_1
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -38,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .sparse_decode import _Keys
 from .sparse_decode import _model1_slots as _tl_model1_slots
 from .sparse_decode import _split_range as _tl_split_range
 
@@ -306,9 +308,11 @@ def _sparse_decode_wg_kernel(
         gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
 
 
-def launch_wg(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part, h: int, s_q: int,
-              qk_scale: float, flags: dict, has_sink: bool, nsplit: int, scaled: bool,
-              block_t: int, stages: int) -> None:
+def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len: torch.Tensor,
+              sink: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
+              l_part: torch.Tensor, k_part: torch.Tensor, h: int, s_q: int, qk_scale: float,
+              flags: dict[str, bool], has_sink: bool, nsplit: int, scaled: bool, block_t: int,
+              stages: int) -> None:
     """Launch the kernel over ``rows x cdiv(h, 64) x nsplit`` programs (``sparse_decode``'s
     ``_Launch`` prepares every argument, the partial buffers and the combine)."""
     rows = q2.shape[0]

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 _COMPILE = r"""
 import json, re, sys
@@ -72,7 +73,7 @@ def test_wg_compiles_for_sm90_with_split_products(nsplit: int, scaled: bool) -> 
     assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
 
 
-def test_wg_is_refused_where_it_cannot_run(gen) -> None:
+def test_wg_is_refused_where_it_cannot_run(gen: torch.Generator) -> None:
     from dsv4_kernels.cases import make_decode_case
     from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
 
