@@ -1094,22 +1094,30 @@ def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
     return int(max(1, min(want, max_tiles, 16)))
 
 
+# Raw-byte stages of wg that fit 227 KB next to Q, the K tile and P (Triton 3.6, sm_90:
+# 217.6 KB at BT 64 / 2 stages, 177.8 KB at BT 32 / 4 stages).
+_WG_MAX_STAGES = {64: 2, 32: 4}
+
+
 def _wg_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: tuple[int, ...],
                 block_t: int, stages: int, warps: int) -> str | None:
-    """Why the Gluon ``wg`` kernel cannot run these inputs, or None when it can."""
+    """Why the Gluon ``wg`` kernel cannot run these inputs, or None when it can. The checks on
+    the inputs come first, so that they give their own reason on any device."""
+    if block_t not in _WG_MAX_STAGES or not 2 <= stages <= _WG_MAX_STAGES[block_t] \
+            or warps != 8:
+        return (f"variant 'wg' takes block_t 64 with num_stages 2, or block_t 32 with "
+                f"num_stages 2-4, and 8 warps (what fits 227 KB of shared memory); got "
+                f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
+    if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
+        return (f"variant 'wg' copies keys in 16-byte pieces, so page bytes ({list(page_bytes)}) "
+                "must be multiples of 16 (SGLang's padding of pages to 576 bytes gives that) "
+                "and the cache and query tensors 16-byte aligned")
     if interpreting() or q.device.type != "cuda":
         return ("variant 'wg' is a Gluon kernel for sm_90 GPUs; the Triton interpreter cannot "
                 "run it (use local, pf, full, dsplit, staged or gp)")
     arch = device_arch(q)
     if arch != 90 or not _gluon_ok():
         return f"variant 'wg' needs wgmma (sm_90) and Triton's Gluon; this device is sm_{arch}"
-    if block_t not in (32, 64) or stages < 2 or warps != 8:
-        return (f"variant 'wg' takes block_t 32 or 64, num_stages >= 2 and 8 warps, got "
-                f"{block_t}, {stages}, {warps}")
-    if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
-        return (f"variant 'wg' copies keys in 16-byte pieces, so page bytes ({list(page_bytes)}) "
-                "must be multiples of 16 (even page sizes) and the cache and query tensors "
-                "16-byte aligned")
     return None
 
 

@@ -80,3 +80,32 @@ def test_wg_is_refused_where_it_cannot_run(gen: torch.Generator) -> None:
     case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
     with pytest.raises(ValueError, match="interpreter"):
         sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="wg"))
+
+
+def test_wg_refuses_tiles_that_do_not_fit(gen: torch.Generator) -> None:
+    from dsv4_kernels.cases import make_decode_case
+    from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
+
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    for bad in (dict(block_t=64, num_stages=3), dict(block_t=16, num_stages=2),
+                dict(num_warps=4)):
+        with pytest.raises(ValueError, match="227 KB"):
+            sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="wg", **bad))
+
+
+def test_wg_refuses_page_bytes_it_cannot_copy(gen: torch.Generator) -> None:
+    """A cache whose page stride is not a multiple of 16 bytes (allowed by the layout, though
+    SGLang pads pages to multiples of 576) would split wg's 16-byte copies: it says so, and
+    the automatic choice takes local instead."""
+    from dsv4_kernels.cases import make_decode_case
+    from dsv4_kernels.layout import flat_bytes, model1_geometry
+    from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
+
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    pages, ps, pb = model1_geometry(case.k_cache)
+    buf = torch.zeros(pages, pb + 2, dtype=torch.uint8)
+    buf[:, :pb] = flat_bytes(case.k_cache, pb).view(pages, pb)
+    odd = buf.as_strided((pages, ps, 1, 584), (pb + 2, 584, 584, 1))
+    kw = {**case.kwargs(), "k_cache": odd}
+    with pytest.raises(ValueError, match="16-byte pieces, so page bytes"):
+        sparse_mla_decode(**kw, config=DecodeConfig(variant="wg"))
