@@ -998,7 +998,8 @@ class DecodeConfig:
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
     ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
     ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
-    the cache past L2 and keep the scratch in it).
+    the cache past L2 and keep the scratch in it), ``pipeline`` (wg: dequantize the next tile
+    during this tile's ``P V``; False is the sequential schedule, NOTES.md v9).
     """
 
     block_h: int = 64
@@ -1013,6 +1014,7 @@ class DecodeConfig:
     l2_hints: bool = True
     stage_warps: int = 4
     stage_round: int | None = None
+    pipeline: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -1316,7 +1318,7 @@ class _Launch:
 
             launch_wg(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
                       h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
-                      self.block_t, self.num_stages)
+                      self.block_t, self.num_stages, self.cfg.pipeline)
         elif self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)

@@ -15,11 +15,14 @@ with Triton 3.6) exposes what the plain language hides, so this kernel states it
   multiplied, so the gather latency that dominated every register-level variant overlaps the
   tensor work. Indices are loaded one more tile ahead into registers, so no load of the loop
   waits on memory except through ``cp.async.wait_group``.
-* Per tile: wait for its bytes, dequantize them once (FP8 x 2^(e-127) -> bf16) into a [BT, 512]
-  swizzled tile that serves as K for ``Q K^T`` (a transposed view) and as V for ``P V``, online
-  softmax in base 2, P through shared memory to both warpgroups. With one K buffer (two do
-  not fit next to Q and the raw stages), a tile's dequantization and its products still run
-  one after the other; NOTES.md v8 has the measurements and what overlapping them would take.
+* Per tile: dequantize its bytes once (FP8 x 2^(e-127) -> bf16) into a [BT, 512] swizzled
+  tile that serves as K for ``Q K^T`` (a transposed view) and as V for ``P V``, online softmax
+  in base 2, P through shared memory to both warpgroups. Two K buffers do not fit next to Q and
+  the raw stages, so the default (pipelined) schedule overlaps through registers instead:
+  tile t + 1 is dequantized into registers while tile t's ``P V`` runs asynchronously on the
+  tensor cores, and stored into the one K buffer once that product is done; the next gather is
+  issued while ``Q K^T`` runs. ``PIPE=False`` keeps the sequential schedule (wait, dequantize,
+  store, products) for comparison. NOTES.md v8-v9 have the measurements.
 
 Everything else (key ranges, adaptive split-K, the split-partial format, the combine, output and
 LSE conventions) is the Triton variants' (``sparse_decode.py``); results agree with them up to
@@ -122,8 +125,8 @@ def _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, id
 
 
 @gluon.jit
-def _wg_dequant(raw_s, rope_s, sc_s, k_s, BT: gl.constexpr, L3: gl.constexpr):
-    """One stage's raw bytes -> the bf16 [BT, 512] K=V tile in one store: FP8 x 2^(e-127)
+def _wg_dequant_regs(raw_s, rope_s, sc_s, BT: gl.constexpr, L3: gl.constexpr):
+    """One stage's raw bytes -> the bf16 [BT, 512] K=V tile in registers: FP8 x 2^(e-127)
     for chunks 0..6, the rope as chunk 7. A power-of-two scale makes the product exact."""
     raw = raw_s.load(L3).to(gl.float8e4nv, bitcast=True).to(gl.float32)
     e = sc_s.load(gl.SliceLayout(2, L3)).to(gl.int32)
@@ -132,7 +135,13 @@ def _wg_dequant(raw_s, rope_s, sc_s, k_s, BT: gl.constexpr, L3: gl.constexpr):
     c3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
     is_rope = gl.expand_dims(gl.expand_dims(c3 == 7, 0), 2)
     k3 = gl.where(is_rope, rope, raw * scale).to(gl.bfloat16)
-    k_s.store(gl.reshape(k3, [BT, 512]))
+    return gl.reshape(k3, [BT, 512])
+
+
+@gluon.jit
+def _wg_dequant(raw_s, rope_s, sc_s, k_s, BT: gl.constexpr, L3: gl.constexpr):
+    """``_wg_dequant_regs`` stored as the K tile in one store (one barrier, see _wg_issue)."""
+    k_s.store(_wg_dequant_regs(raw_s, rope_s, sc_s, BT, L3))
 
 
 @gluon.jit
@@ -170,7 +179,7 @@ def _sparse_decode_wg_kernel(
     H, s_q, qk_scale,
     A_HAS_LEN: gl.constexpr, HAS_B: gl.constexpr, B_HAS_LEN: gl.constexpr,
     HAS_SINK: gl.constexpr, NSPLIT: gl.constexpr, SCALED: gl.constexpr,
-    BT: gl.constexpr, STAGES: gl.constexpr,
+    BT: gl.constexpr, STAGES: gl.constexpr, PIPE: gl.constexpr,
 ):
     """One program: a row, 64 heads (masked beyond ``H``), one split of the row's key tiles.
     Eight warps in a [4, 2] warp grid; see the module docstring for the schedule."""
@@ -212,12 +221,8 @@ def _sparse_decode_wg_kernel(
     sc_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BT, 8], RAW_SL)
     ok_s = gl.allocate_shared_memory(gl.int8, [STAGES, BT], OK_SL)
 
-    # The row's lengths (read on the device) and this split's share [lo, hi) of its tiles.
-    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN,
-                                             HAS_B, B_HAS_LEN, NSPLIT, BT)
     a_row = a_idx + r.to(gl.int64) * stride_ar
     b_row = b_idx + r.to(gl.int64) * stride_br
-
     # Queries: one asynchronous copy, committed with the first tile's bytes.
     qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
     qd = gl.arange(0, 512, layout=gl.SliceLayout(0, QL))
@@ -225,57 +230,117 @@ def _sparse_decode_wg_kernel(
     _async_load(
         q_s, gl.expand_dims(q_rows, 1) + gl.expand_dims(qd, 0),
         mask=gl.expand_dims(qh < H, 1))
-
-    # Prologue: issue the first STAGES - 1 tiles; indices of the next one go to registers.
-    for j in gl.static_range(STAGES - 1):
-        idx = _wg_load_idx(a_row, n_a, b_row, n_b, lo + j, tiles_a, hi, BT, ROWS)
-        _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, lo + j, tiles_a, idx,
-                  raw_s.index(j), rope_s.index(j), sc_s.index(j), ok_s.index(j), BT,
-                  GL, L3, SCL)
-        async_copy.commit_group()
-    idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, lo + STAGES - 1, tiles_a, hi, BT, ROWS)
+    # The row's lengths (read on the device) and this split's share [lo, hi) of its tiles.
+    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN,
+                                             HAS_B, B_HAS_LEN, NSPLIT, BT)
 
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_L))
     acc = gl.zeros([BH, 512], gl.float32, layout=O_L)
     s_zero = gl.zeros([BH, BT], gl.float32, layout=S_L)
-    for t in range(lo, hi):
-        i = t - lo
-        # Issue tile t + STAGES - 1 into the stage tile t - 1 used (every thread is past its
-        # dequantization: the barrier before tile t - 1's products).
-        nxt = t + STAGES - 1
-        st_n = (i + STAGES - 1) % STAGES
-        if nxt < hi:
-            _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, nxt, tiles_a, idx_next,
-                      raw_s.index(st_n), rope_s.index(st_n), sc_s.index(st_n),
-                      ok_s.index(st_n), BT, GL, L3, SCL)
-        async_copy.commit_group()
-        idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, nxt + 1, tiles_a, hi, BT, ROWS)
-
-        st = i % STAGES
-        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile t have landed
-        _cta_barrier()  # ... and every other thread's
-        _wg_dequant(raw_s.index(st), rope_s.index(st), sc_s.index(st), k_s, BT, L3)
-        fence_async_shared()  # generic-proxy stores -> wgmma's async-proxy reads
+    if PIPE:
+        # Pipelined schedule: tile t + 1 is dequantized into registers while tile t's P V runs
+        # on the tensor cores (the wgmma is asynchronous), and stored into the one K buffer once
+        # that product is done. Raw stages are refilled STAGES tiles ahead.
+        for j in gl.static_range(STAGES):
+            idx = _wg_load_idx(a_row, n_a, b_row, n_b, lo + j, tiles_a, hi, BT, ROWS)
+            _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, lo + j, tiles_a, idx,
+                      raw_s.index(j), rope_s.index(j), sc_s.index(j), ok_s.index(j), BT,
+                      GL, L3, SCL)
+            async_copy.commit_group()
+        idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, lo + STAGES, tiles_a, hi, BT, ROWS)
+        async_copy.wait_group(STAGES - 1)
         _cta_barrier()
+        k_s.store(_wg_dequant_regs(raw_s.index(0), rope_s.index(0), sc_s.index(0), BT, L3))
+        valid = ok_s.index(0).load(gl.SliceLayout(0, S_L)) != 0
+        for t in range(lo, hi):
+            i = t - lo
+            st = i % STAGES
+            fence_async_shared()  # the K tile's generic stores -> wgmma's async-proxy reads
+            _cta_barrier()  # ... by every thread; stage st (tile t) is consumed
+            s_tok = warpgroup_mma(q_s, k_s.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            # While Q K^T runs: refill stage st (tile t's bytes are in registers or K already)
+            # with tile t + STAGES, and load the indices of the one after.
+            nxt = t + STAGES
+            if nxt < hi:
+                _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, nxt, tiles_a,
+                          idx_next, raw_s.index(st), rope_s.index(st), sc_s.index(st),
+                          ok_s.index(st), BT, GL, L3, SCL)
+            async_copy.commit_group()
+            idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, nxt + 1, tiles_a, hi, BT, ROWS)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - gl.expand_dims(m_use, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p_s.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _cta_barrier()
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
+            o_tok = warpgroup_mma(p_s, k_s, acc, is_async=True)
+            if t + 1 < hi:
+                st1 = (i + 1) % STAGES
+                async_copy.wait_group(STAGES - 1)  # this thread's copies of tile t + 1
+                _cta_barrier()  # ... and every other thread's
+                k_nxt = _wg_dequant_regs(raw_s.index(st1), rope_s.index(st1), sc_s.index(st1),
+                                         BT, L3)
+                valid = ok_s.index(st1).load(gl.SliceLayout(0, S_L)) != 0
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                _cta_barrier()  # both warpgroups are done reading k_s
+                k_s.store(k_nxt)
+            else:
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+    else:
+        # Sequential schedule: per tile, wait for its bytes, dequantize, Q K^T, softmax, P V.
+        for j in gl.static_range(STAGES - 1):
+            idx = _wg_load_idx(a_row, n_a, b_row, n_b, lo + j, tiles_a, hi, BT, ROWS)
+            _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, lo + j, tiles_a, idx,
+                      raw_s.index(j), rope_s.index(j), sc_s.index(j), ok_s.index(j), BT,
+                      GL, L3, SCL)
+            async_copy.commit_group()
+        idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, lo + STAGES - 1, tiles_a, hi, BT, ROWS)
+        for t in range(lo, hi):
+            i = t - lo
+            # Issue tile t + STAGES - 1 into the stage tile t - 1 used (every thread is past
+            # its dequantization: the barrier before tile t - 1's products).
+            nxt = t + STAGES - 1
+            st_n = (i + STAGES - 1) % STAGES
+            if nxt < hi:
+                _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, nxt, tiles_a,
+                          idx_next, raw_s.index(st_n), rope_s.index(st_n), sc_s.index(st_n),
+                          ok_s.index(st_n), BT, GL, L3, SCL)
+            async_copy.commit_group()
+            idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, nxt + 1, tiles_a, hi, BT, ROWS)
 
-        s_tok = warpgroup_mma(q_s, k_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s_tok,))
-        valid = ok_s.index(st).load(gl.SliceLayout(0, S_L)) != 0
-        s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p_s.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _cta_barrier()
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
-        o_tok = warpgroup_mma(p_s, k_s, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
-        _cta_barrier()  # both warpgroups are done with k_s and p_s before they change
+            st = i % STAGES
+            async_copy.wait_group(STAGES - 1)  # this thread's copies of tile t have landed
+            _cta_barrier()  # ... and every other thread's
+            _wg_dequant(raw_s.index(st), rope_s.index(st), sc_s.index(st), k_s, BT, L3)
+            fence_async_shared()  # generic-proxy stores -> wgmma's async-proxy reads
+            _cta_barrier()
+
+            s_tok = warpgroup_mma(q_s, k_s.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            valid = ok_s.index(st).load(gl.SliceLayout(0, S_L)) != 0
+            s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - gl.expand_dims(m_use, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p_s.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _cta_barrier()
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
+            o_tok = warpgroup_mma(p_s, k_s, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            _cta_barrier()  # both warpgroups are done with k_s and p_s before they change
     async_copy.wait_group(0)
 
     # Epilogue (as _store_full in sparse_decode.py).
@@ -312,7 +377,7 @@ def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len:
               sink: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
               l_part: torch.Tensor, k_part: torch.Tensor, h: int, s_q: int, qk_scale: float,
               flags: dict[str, bool], has_sink: bool, nsplit: int, scaled: bool, block_t: int,
-              stages: int) -> None:
+              stages: int, pipeline: bool = True) -> None:
     """Launch the kernel over ``rows x cdiv(h, 64) x nsplit`` programs (``sparse_decode``'s
     ``_Launch`` prepares every argument, the partial buffers and the combine)."""
     rows = q2.shape[0]
@@ -323,5 +388,5 @@ def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len:
         bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
         sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part, k_part,
         h, s_q, qk_scale, **flags, HAS_SINK=has_sink, NSPLIT=nsplit, SCALED=scaled,
-        BT=block_t, STAGES=stages, num_warps=8,
+        BT=block_t, STAGES=stages, PIPE=pipeline, num_warps=8,
     )

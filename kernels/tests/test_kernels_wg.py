@@ -29,10 +29,10 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dsv4_kernels import wg_decode as w
 
-nsplit, scaled = int(sys.argv[1]), sys.argv[2] == "1"
+nsplit, scaled, pipe = int(sys.argv[1]), *(a == "1" for a in sys.argv[2:4])
 fn = w._sparse_decode_wg_kernel
 consts = dict(A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
-              SCALED=scaled, BT=64, STAGES=2)
+              SCALED=scaled, BT=64, STAGES=2, PIPE=pipe)
 ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16",
         "a_u8": "*u8", "b_u8": "*u8", "a_idx": "*i32", "b_idx": "*i32", "a_len": "*i32",
         "b_len": "*i32", "sink_ptr": "*fp32", "lse_ptr": "*fp32", "lp_ptr": "*fp32",
@@ -53,23 +53,27 @@ print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes}))
 """
 
 
-def _compile(nsplit: int, scaled: bool) -> dict:
+def _compile(nsplit: int, scaled: bool, pipe: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(nsplit), "1" if scaled else "0"],
+    flags = ["1" if f else "0" for f in (scaled, pipe)]
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(nsplit), *flags],
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(("nsplit", "scaled"), [(2, True), (1, False)])
-def test_wg_compiles_for_sm90_with_split_products(nsplit: int, scaled: bool) -> None:
+@pytest.mark.parametrize(("nsplit", "scaled", "pipe"),
+                         [(2, True, True), (1, False, True), (2, True, False)])
+def test_wg_compiles_for_sm90_with_split_products(nsplit: int, scaled: bool, pipe: bool,
+                                                  ) -> None:
     from dsv4_kernels.sparse_decode import _WG_SMEM
 
-    out = _compile(nsplit, scaled)
+    out = _compile(nsplit, scaled, pipe)
     assert out["shared"] <= _WG_SMEM, out
     # Q K^T: 512 / 16 = 32 k-steps of m64n32 per warpgroup (half of the 64 keys each);
-    # P V: 64 / 16 = 4 k-steps of m64n256 (half of the 512 columns each); nothing else.
+    # P V: 64 / 16 = 4 k-steps of m64n256 (half of the 512 columns each); nothing else, with
+    # the sequential schedule or the pipelined one.
     assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
 
 

@@ -59,8 +59,8 @@ def wg_configs() -> list[DecodeConfig]:
     def wg(**kw: object) -> DecodeConfig:
         return DecodeConfig(variant="wg", **kw)  # type: ignore[arg-type]
 
-    return [DecodeConfig(variant="local"), wg(), wg(block_t=32, num_stages=3),
-            wg(partials="fp32"), wg(nsplit=1), wg(nsplit=3)]
+    return [DecodeConfig(variant="local"), wg(), wg(pipeline=False), wg(nsplit=3),
+            wg(block_t=32, num_stages=3)]
 
 
 def configs(bsz: int, limits: bool = False, only: str | None = None) -> list[DecodeConfig]:
@@ -144,7 +144,7 @@ def main() -> int:
             name = (f"{cfg.variant} bt={cfg.block_t} nw={cfg.num_warps} pf={int(cfg.prefetch)}"
                     f" ns={cfg.nsplit} st={cfg.num_stages} pt={cfg.partials}"
                     f" bg={cfg.stage_block} l2={int(cfg.l2_hints)} sw={cfg.stage_warps}"
-                    f" bh={cfg.block_h} rnd={cfg.stage_round}")
+                    f" bh={cfg.block_h} rnd={cfg.stage_round} pipe={int(cfg.pipeline)}")
             try:
                 t0 = time.time()
                 o, lse = sparse_mla_decode(**kw, config=cfg)
