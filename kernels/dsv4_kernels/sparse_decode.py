@@ -20,7 +20,7 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
 * Seven variants, chosen from static shapes, the device's shared memory and architecture
-  (:func:`choose_variant`, numbers in NOTES.md v3-v8): ``wg`` (a Gluon kernel for sm_90 in
+  (:func:`choose_variant`, numbers in NOTES.md v3-v9): ``wg`` (a Gluon kernel for sm_90 in
   ``wg_decode.py``: explicit warpgroup layouts, so neither product is computed twice, and
   the gather copied into shared memory a tile ahead; the H200 default from 5 programs up,
   218 KB), ``local`` (each program dequantizes its
@@ -987,7 +987,7 @@ class DecodeConfig:
     them, and repeats), ``"gp"`` or ``"wg"`` (wg_decode.py: a Gluon kernel for sm_90 whose two
     warpgroups split ``Q K^T`` by keys and ``P V`` by columns, with the gather copied into
     shared memory by cp.async a tile ahead; the sm_90 default from 5 programs up). Numbers:
-    NOTES.md v1-v8.
+    NOTES.md v1-v9.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
     variant supports it: full, pf, staged, local, wg) stores each head's partial scaled by a power
@@ -1063,10 +1063,11 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
                    arch: int | None = None) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements, side by side in one run (NOTES.md v8, device runs 30-32): the Gluon
-    ``wg`` kernel is the fastest from 5 programs up on sm_90 (B=64/512: 36.7 µs against 54.7
-    for ``local``; B=64/1024, B=128 and B=8 likewise); for a handful of programs dsplit at
-    BT 64 (B=1: ~18 µs, NOTES.md v4), whose split-K gain is the larger one. Without wgmma
+    H200 measurements, side by side in one run (NOTES.md v8-v9, device runs 30-32 and 38): the
+    Gluon ``wg`` kernel is the fastest from 5 programs up on sm_90 (B=64/512: 34.6 µs
+    pipelined, 33.4 in acceptance run 42, against 53.1 for ``local``; B=64/1024, B=128 and
+    B=8 likewise); for a handful of programs dsplit at BT 64 (B=1: ~18 µs, NOTES.md v4),
+    whose split-K gain is the larger one. Without wgmma
     (sm_100, or a Triton build whose Gluon cannot compile it) ``local`` leads (B=64/512:
     52.5-54.0 µs vs 57.5-58.0 for ``staged``, NOTES.md v6). Devices with 99 KB per block
     (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there (local and staged
