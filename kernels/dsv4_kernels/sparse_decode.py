@@ -426,6 +426,23 @@ def _sparse_decode_full_kernel(
 
 
 @triton.jit
+def _keys_of(first, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb):
+    """The cache of the SWA list (``first``) or of the extra list: its bytes, its BF16 view,
+    tokens per page and bytes per page."""
+    if first:
+        u8 = a_u8
+        bf = a_bf16
+        ps = a_ps
+        pb = a_pb
+    else:
+        u8 = b_u8
+        bf = b_bf16
+        ps = b_ps
+        pb = b_pb
+    return u8, bf, ps, pb
+
+
+@triton.jit
 def _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT: tl.constexpr):
     """Indices of tile ``t`` of the concatenated SWA + extra range (-1 past the valid end)."""
     offs = tl.arange(0, BT)
@@ -446,16 +463,7 @@ def _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, i
     Returned tensors are consumed one loop iteration later, so their memory latency overlaps the
     matrix products of the current tile (a register double buffer; NOTES.md v4).
     """
-    if t < tiles_a:
-        u8 = a_u8
-        bf = a_bf16
-        ps = a_ps
-        pb = a_pb
-    else:
-        u8 = b_u8
-        bf = b_bf16
-        ps = b_ps
-        pb = b_pb
+    u8, bf, ps, pb = _keys_of(t < tiles_a, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
     valid = idx >= 0
     base, sbase = _model1_slots(idx, ps, pb)
     c = tl.arange(0, 8)
@@ -739,19 +747,12 @@ def _stage_tile(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, 
                 t, tiles_a, g0, BT: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr):
     """:func:`_stage_gather` for keys ``[g0, g0 + BG)`` of tile ``t`` of the concatenated range
     (SWA tiles, then the extra ones); a tile past the end loads nothing."""
+    u8, bf, ps, pb = _keys_of(t < tiles_a, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
     if t < tiles_a:
-        u8 = a_u8
-        bf = a_bf16
-        ps = a_ps
-        pb = a_pb
         i_row = a_row
         loc = t * BT
         n = n_a
     else:
-        u8 = b_u8
-        bf = b_bf16
-        ps = b_ps
-        pb = b_pb
         i_row = b_row
         loc = (t - tiles_a) * BT
         n = n_b
@@ -778,19 +779,12 @@ def _stage_kernel(
     bidx = r // s_q
     n_a, n_b, _tiles_a, _lo, _hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, 0,
                                                 A_HAS_LEN, HAS_B, B_HAS_LEN, 1, BT)
+    u8, bf, ps, pb = _keys_of(j0 < A_PAD, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
     if j0 < A_PAD:
-        u8 = a_u8
-        bf = a_bf16
-        ps = a_ps
-        pb = a_pb
         i_row = a_idx + r.to(tl.int64) * stride_ar
         loc = j0
         n = n_a
     else:
-        u8 = b_u8
-        bf = b_bf16
-        ps = b_ps
-        pb = b_pb
         i_row = b_idx + r.to(tl.int64) * stride_br
         loc = j0 - A_PAD
         n = n_b

@@ -43,12 +43,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .sparse_decode import _Keys
+from .sparse_decode import _keys_of as _tl_keys_of
 from .sparse_decode import _model1_slots as _tl_model1_slots
 from .sparse_decode import _split_range as _tl_split_range
 
-# The Triton variants' split-K cut and MODEL1 slot offsets, compiled as Gluon (code without
-# layouts, so the same body serves both languages).
+# The Triton variants' split-K cut, cache choice and MODEL1 slot offsets, compiled as Gluon
+# (code without layouts, so the same body serves both languages).
 _split_range = gluon.jit(_tl_split_range.fn)
+_keys_of = gluon.jit(_tl_keys_of.fn)
 _model1_slots = gluon.jit(_tl_model1_slots.fn)
 # Gluon is experimental and renames things between releases: Triton 3.6 (what the lent H200's
 # torch 2.11 ships) calls the cp.async copy async_copy_global_to_shared, later releases
@@ -92,16 +94,7 @@ def _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, id
     scale bytes, zero-filled for invalid keys, plus a validity byte per key (a plain store,
     ordered by the barrier that precedes the stage's use). One copy per buffer: Triton's
     barrier analysis cannot tell slices of one buffer apart and would fence each chunk."""
-    if t < tiles_a:
-        u8 = a_u8
-        bf = a_bf16
-        ps = a_ps
-        pb = a_pb
-    else:
-        u8 = b_u8
-        bf = b_bf16
-        ps = b_ps
-        pb = b_pb
+    u8, bf, ps, pb = _keys_of(t < tiles_a, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
     base, sbase, valid = _wg_slots(idx, ps, pb)
     # nope: [BT, 8, 64] bytes, chunk 7 masked off
     b3 = gl.convert_layout(base, gl.SliceLayout(1, gl.SliceLayout(2, L3)))
@@ -142,6 +135,24 @@ def _wg_dequant_regs(raw_s, rope_s, sc_s, BT: gl.constexpr, L3: gl.constexpr):
 def _wg_dequant(raw_s, rope_s, sc_s, k_s, BT: gl.constexpr, L3: gl.constexpr):
     """``_wg_dequant_regs`` stored as the K tile in one store (one barrier, see _wg_issue)."""
     k_s.store(_wg_dequant_regs(raw_s, rope_s, sc_s, BT, L3))
+
+
+@gluon.jit
+def _wg_softmax_pv(s, valid, m_i, l_i, acc, qk_scale, p_s, k_s, O_L: gl.constexpr):
+    """One tile's online softmax (base 2) on the scores ``s``, P into shared memory for both
+    warpgroups, and ``P V`` issued asynchronously on the rescaled accumulator: returns its
+    token (wait on it for the accumulator) and the new running max and sum."""
+    s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - gl.expand_dims(m_use, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p_s.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _cta_barrier()
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
+    return warpgroup_mma(p_s, k_s, acc, is_async=True), m_new, l_i
 
 
 @gluon.jit
@@ -270,18 +281,7 @@ def _sparse_decode_wg_kernel(
             async_copy.commit_group()
             idx_next = _wg_load_idx(a_row, n_a, b_row, n_b, nxt + 1, tiles_a, hi, BT, ROWS)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - gl.expand_dims(m_use, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p_s.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            _cta_barrier()
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
-            o_tok = warpgroup_mma(p_s, k_s, acc, is_async=True)
+            o_tok, m_i, l_i = _wg_softmax_pv(s, valid, m_i, l_i, acc, qk_scale, p_s, k_s, O_L)
             if t + 1 < hi:
                 st1 = (i + 1) % STAGES
                 async_copy.wait_group(STAGES - 1)  # this thread's copies of tile t + 1
@@ -327,18 +327,7 @@ def _sparse_decode_wg_kernel(
                                   is_async=True)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             valid = ok_s.index(st).load(gl.SliceLayout(0, S_L)) != 0
-            s = gl.where(gl.expand_dims(valid, 0), s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - gl.expand_dims(m_use, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p_s.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            _cta_barrier()
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_L)), 1)
-            o_tok = warpgroup_mma(p_s, k_s, acc, is_async=True)
+            o_tok, m_i, l_i = _wg_softmax_pv(s, valid, m_i, l_i, acc, qk_scale, p_s, k_s, O_L)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             _cta_barrier()  # both warpgroups are done with k_s and p_s before they change
     async_copy.wait_group(0)
