@@ -10,11 +10,11 @@ with Triton 3.6) exposes what the plain language hides, so this kernel states it
   the first half of the tile's keys and warpgroup 1 the second half (wgmma m64nBT/2), no
   duplicate work; ``P V`` in the same warp grid gives each warpgroup 256 of the 512 output
   columns (m64n256), so the [64, 512] fp32 accumulator costs 128 registers per thread.
-* The gather is asynchronous: the raw bytes of tile ``t + 1`` (FP8 nope, UE8M0 scales, BF16
-  rope) are copied global -> shared with ``cp.async`` while tile ``t`` is dequantized and
-  multiplied, so the gather latency that dominated every register-level variant overlaps the
-  tensor work. Indices are loaded one more tile ahead into registers, so no load of the loop
-  waits on memory except through ``cp.async.wait_group``.
+* The gather is asynchronous: the raw bytes of the next tiles (FP8 nope, UE8M0 scales, BF16
+  rope) are copied global -> shared with ``cp.async`` into ``STAGES`` raw stages while the
+  current tile is dequantized and multiplied, so the gather latency that dominated every
+  register-level variant overlaps the tensor work. Indices are loaded one more tile ahead into
+  registers, so no load of the loop waits on memory except through ``cp.async.wait_group``.
 * Per tile: dequantize its bytes once (FP8 x 2^(e-127) -> bf16) into a [BT, 512] swizzled
   tile that serves as K for ``Q K^T`` (a transposed view) and as V for ``P V``, online softmax
   in base 2, P through shared memory to both warpgroups. Two K buffers do not fit next to Q and
@@ -78,14 +78,6 @@ def _wg_load_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, BT: gl.constexpr,
 
 
 @gluon.jit
-def _wg_slots(idx, ps, pb):
-    """Byte offsets of each key's 576 data bytes and 8 scale bytes (``_model1_slots`` of
-    sparse_decode.py), and its validity."""
-    base, sbase = _model1_slots(idx, ps, pb)
-    return base, sbase, idx >= 0
-
-
-@gluon.jit
 def _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, idx,
               raw_s, rope_s, sc_s, ok_s, BT: gl.constexpr, GL: gl.constexpr,
               L3: gl.constexpr, SCL: gl.constexpr):
@@ -95,7 +87,8 @@ def _wg_issue(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, id
     ordered by the barrier that precedes the stage's use). One copy per buffer: Triton's
     barrier analysis cannot tell slices of one buffer apart and would fence each chunk."""
     u8, bf, ps, pb = _keys_of(t < tiles_a, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
-    base, sbase, valid = _wg_slots(idx, ps, pb)
+    base, sbase = _model1_slots(idx, ps, pb)
+    valid = idx >= 0
     # nope: [BT, 8, 64] bytes, chunk 7 masked off
     b3 = gl.convert_layout(base, gl.SliceLayout(1, gl.SliceLayout(2, L3)))
     v3 = gl.convert_layout(valid, gl.SliceLayout(1, gl.SliceLayout(2, L3)))

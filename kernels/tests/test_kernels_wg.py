@@ -97,19 +97,52 @@ def test_wg_refuses_tiles_that_do_not_fit(gen: torch.Generator) -> None:
             sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="wg", **bad))
 
 
+def _odd_stride(cache: torch.Tensor) -> torch.Tensor:
+    """The same MODEL1 pages with a page stride 2 bytes longer (not a multiple of 16)."""
+    from dsv4_kernels.layout import flat_bytes, model1_geometry
+
+    pages, ps, pb = model1_geometry(cache)
+    buf = torch.zeros(pages, pb + 2, dtype=torch.uint8)
+    buf[:, :pb] = flat_bytes(cache, pb).view(pages, pb)
+    return buf.as_strided((pages, ps, 1, 584), (pb + 2, 584, 584, 1))
+
+
 def test_wg_refuses_page_bytes_it_cannot_copy(gen: torch.Generator) -> None:
     """A cache whose page stride is not a multiple of 16 bytes (allowed by the layout, though
-    SGLang pads pages to multiples of 576) would split wg's 16-byte copies: it says so, and
-    the automatic choice takes local instead."""
+    SGLang pads pages to multiples of 576) would split wg's 16-byte copies: it says so."""
     from dsv4_kernels.cases import make_decode_case
-    from dsv4_kernels.layout import flat_bytes, model1_geometry
     from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
 
     case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
-    pages, ps, pb = model1_geometry(case.k_cache)
-    buf = torch.zeros(pages, pb + 2, dtype=torch.uint8)
-    buf[:, :pb] = flat_bytes(case.k_cache, pb).view(pages, pb)
-    odd = buf.as_strided((pages, ps, 1, 584), (pb + 2, 584, 584, 1))
-    kw = {**case.kwargs(), "k_cache": odd}
+    kw = {**case.kwargs(), "k_cache": _odd_stride(case.k_cache)}
     with pytest.raises(ValueError, match="16-byte pieces, so page bytes"):
         sparse_mla_decode(**kw, config=DecodeConfig(variant="wg"))
+
+
+def test_automatic_choice_falls_back_to_local_when_wg_is_refused(
+        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an sm_90 device the automatic choice is wg; where wg refuses the inputs (here: the
+    interpreter, and a page stride it cannot copy) the call runs ``local`` instead of failing,
+    and the result matches the reference."""
+    from dsv4_kernels import sparse_decode as sd
+    from dsv4_kernels.cases import compare_decode, make_decode_case
+    from dsv4_kernels.reference import ref_sparse_decode
+
+    monkeypatch.setattr(sd, "device_arch", lambda t: 90)
+    monkeypatch.setattr(sd, "_gluon_ok", lambda: True)
+    refusals: list[str | None] = []
+    real = sd._wg_refusal
+
+    def spy(*args: object) -> str | None:
+        refusals.append(real(*args))  # type: ignore[arg-type]
+        return refusals[-1]
+
+    monkeypatch.setattr(sd, "_wg_refusal", spy)
+    case = make_decode_case(gen, batch=8, heads=16, topk=32, extra_topk=48, page_size=61)
+    ro, rl = ref_sparse_decode(**case.kwargs())
+    for cache in (case.k_cache, _odd_stride(case.k_cache)):
+        o, lse = sd.sparse_mla_decode(**{**case.kwargs(), "k_cache": cache})
+        assert compare_decode(o, lse, ro, rl)["ok"]
+    assert len(refusals) == 2
+    assert "interpreter" in str(refusals[0])
+    assert "16-byte pieces" in str(refusals[1])
