@@ -932,6 +932,8 @@ def _combine_kernel(
     heads = hb * BH + tl.arange(0, BH)
     hmask = heads < H
     dd = cb * DC + tl.arange(0, DC)
+    if HAS_SINK:  # loaded first: ptxas otherwise issues it after the weights' exp2 (SASS)
+        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
     gmax = tl.full([BH], float("-inf"), tl.float32)
     # static_range: the splits' loads are independent, so unrolled they are all in flight at
     # once instead of one memory latency per split (NSPLIT <= 16).
@@ -957,7 +959,6 @@ def _combine_kernel(
     out = acc / safe[:, None]
     lse = (tl.math.log2(safe) + gm) * 0.6931471805599453
     if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
         out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
     out = tl.where(has[:, None], out, 0.0)
     lse = tl.where(has, lse, float("inf"))
@@ -1370,12 +1371,25 @@ class _Launch:
                 num_warps=self.num_warps, num_stages=self.num_stages, **extra,
             )
         if nsplit > 1:
-            bhc = 16
+            bhc = combine_block_h(rows, h)
             _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
                 o_part, l_part, k_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,
                 HAS_SINK=self.sink is not None, NSPLIT=nsplit, BH=bhc, DC=128, SCALED=scaled,
                 num_warps=4,
             )
+
+
+def combine_block_h(rows: int, h: int) -> int:
+    """Heads per program of the split combine (each program merges 128 columns, 4 warps).
+
+    At 8 heads a thread holds one 16-byte piece per split, and ptxas (Triton 3.6, sm_90) issues
+    every load of the program before its first exp2: one memory round trip. At 16 heads it
+    places the second half of the loads after the first half's arithmetic. Same-run H200 sweep
+    (NOTES.md v10, ``tools/combine_sweep.py``): 8 heads is faster for small grids (B=8 / top-k
+    1024: 20.9 against 22.4 µs; B=1: 18.0 against 18.6), 16 for large ones, whose 2048 programs
+    at 8 heads cost more than the round trip saves (B=64 / top-k 512: 33.8 against 33.1).
+    """
+    return 8 if rows * triton.cdiv(h, 8) * 4 <= 1024 else 16
 
 
 def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]:
@@ -1388,4 +1402,4 @@ def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]
 
 
 __all__ = ["PARTIALS", "SCALED_VARIANTS", "DecodeConfig", "available_variants", "choose_nsplit",
-           "choose_variant", "roofline_bytes_flops", "sparse_mla_decode"]
+           "choose_variant", "combine_block_h", "roofline_bytes_flops", "sparse_mla_decode"]

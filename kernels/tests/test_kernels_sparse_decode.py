@@ -249,3 +249,28 @@ def test_unsupported_partial_formats_are_refused(gen: torch.Generator, variant: 
     cfg = DecodeConfig(block_h=16, block_t=16, nsplit=2, variant=variant, partials=partials)
     with pytest.raises(ValueError, match=match):
         sparse_mla_decode(**case.kwargs(), config=cfg)
+
+
+@pytest.mark.parametrize("block_h", [8, 16])
+def test_combine_at_both_head_blocks(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch,
+                                     block_h: int) -> None:
+    """The combine merges the same partials at 8 and 16 heads per program (small grids take 8,
+    so under the interpreter 16 runs only when forced), with a head count that is a multiple
+    of neither and rows without any valid key."""
+    from dsv4_kernels import sparse_decode as sd
+
+    monkeypatch.setattr(sd, "combine_block_h", lambda rows, h: block_h)
+    case = make_decode_case(gen, batch=3, heads=20, topk=24, extra_topk=40, page_size=7,
+                            extra_page_size=5, lengths="random", invalid_frac=0.2)
+    res = _run(case, 3, "local")
+    assert res["ok"], res
+
+
+def test_combine_block_h_follows_the_grid() -> None:
+    from dsv4_kernels.sparse_decode import combine_block_h
+
+    assert combine_block_h(1, 64) == 8
+    assert combine_block_h(8, 64) == 8
+    assert combine_block_h(32, 64) == 8  # 1024 programs
+    assert combine_block_h(64, 64) == 16
+    assert combine_block_h(128, 16) == 8
