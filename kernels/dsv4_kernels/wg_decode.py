@@ -174,6 +174,43 @@ def _wg_store_rows(ptr, row_off, hmask, x, buf):
 
 
 @gluon.jit
+def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh,
+                 lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L: gl.constexpr,
+                 HAS_SINK: gl.constexpr, NSPLIT: gl.constexpr, SCALED: gl.constexpr):
+    """Normalize the [64, 512] accumulator and store it (as _store_full in sparse_decode.py):
+    the output and LSE with one split, else the split's scaled partial, exponent and base-2
+    LSE for the combine. ``q_s`` is the free Q buffer, used to stage 16-byte stores."""
+    heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
+    hmask = heads < H
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
+    has = l_o > 0.0
+    safe_l = gl.where(has, l_o, 1.0)
+    o = acc / gl.expand_dims(safe_l, 1)
+    lse2 = gl.where(has, m_o + gl.log2(safe_l), float("-inf"))
+    if NSPLIT == 1:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + heads, mask=hmask, other=0.0).to(gl.float32)
+            o = o * gl.expand_dims(1.0 / (1.0 + gl.exp(sink - lse)), 1)
+        o = gl.where(gl.expand_dims(has, 1), o, 0.0)
+        lse = gl.where(has, lse, float("inf"))
+        _wg_store_rows(o_ptr, r.to(gl.int64) * stride_or + heads * stride_oh, hmask, o, q_s)
+        gl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
+    else:
+        prow = (r * NSPLIT + sp).to(gl.int64) * H
+        if SCALED:
+            amax = gl.max(gl.abs(o), axis=1)
+            k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
+            k = gl.minimum(gl.maximum(k, -126.0), 126.0)
+            o = o * gl.expand_dims(gl.exp2(-k), 1)
+            gl.store(ks_ptr + prow + heads, k, mask=hmask)
+        _wg_store_rows(op_ptr, (prow + heads) * 512, hmask, o, q_s)
+        gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+
+
+
+@gluon.jit
 def _sparse_decode_wg_kernel(
     q_ptr, stride_qr, stride_qh,
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
@@ -325,35 +362,8 @@ def _sparse_decode_wg_kernel(
             _cta_barrier()  # both warpgroups are done with k_s and p_s before they change
     async_copy.wait_group(0)
 
-    # Epilogue (as _store_full in sparse_decode.py).
-    heads = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, O_L))
-    hmask = heads < H
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
-    has = l_o > 0.0
-    safe_l = gl.where(has, l_o, 1.0)
-    o = acc / gl.expand_dims(safe_l, 1)
-    lse2 = gl.where(has, m_o + gl.log2(safe_l), float("-inf"))
-    if NSPLIT == 1:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = gl.load(sink_ptr + heads, mask=hmask, other=0.0).to(gl.float32)
-            o = o * gl.expand_dims(1.0 / (1.0 + gl.exp(sink - lse)), 1)
-        o = gl.where(gl.expand_dims(has, 1), o, 0.0)
-        lse = gl.where(has, lse, float("inf"))
-        _wg_store_rows(o_ptr, r.to(gl.int64) * stride_or + heads * stride_oh, hmask, o, q_s)
-        gl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
-    else:
-        prow = (r * NSPLIT + sp).to(gl.int64) * H
-        if SCALED:
-            amax = gl.max(gl.abs(o), axis=1)
-            k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
-            k = gl.minimum(gl.maximum(k, -126.0), 126.0)
-            o = o * gl.expand_dims(gl.exp2(-k), 1)
-            gl.store(ks_ptr + prow + heads, k, mask=hmask)
-        _wg_store_rows(op_ptr, (prow + heads) * 512, hmask, o, q_s)
-        gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
-
+    _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh,
+                 lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L, HAS_SINK, NSPLIT, SCALED)
 
 def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len: torch.Tensor,
               sink: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
