@@ -209,7 +209,6 @@ def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride
         gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
 
 
-
 @gluon.jit
 def _sparse_decode_wg_kernel(
     q_ptr, stride_qr, stride_qh,
@@ -364,6 +363,7 @@ def _sparse_decode_wg_kernel(
 
     _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh,
                  lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L, HAS_SINK, NSPLIT, SCALED)
+
 
 def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len: torch.Tensor,
               sink: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
