@@ -1016,7 +1016,7 @@ DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
                   "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8),
-                  "wg": (64, 2, 8)}
+                  "wg": (64, 2, 8), "ws": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
@@ -1030,7 +1030,7 @@ _STAGED_SMEM = 200 * 1024
 _WG_SMEM = 218 * 1024
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
-SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local", "wg"})
+SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local", "wg", "ws"})
 
 
 @functools.cache
@@ -1197,16 +1197,16 @@ def sparse_mla_decode(
     num_stages = cfg.num_stages or _VARIANT_TILES[variant][1]
     num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
     col_blocks = 2 if variant == "dsplit" else 1
-    if variant == "wg":
+    if variant in ("wg", "ws"):
         refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps)
-        if refusal and cfg.variant == "wg":
+        if refusal and cfg.variant == variant:
             raise ValueError(refusal)
         if refusal:  # the automatic choice falls back to the Triton variant of this class
             variant = "local"
             bt, ns, nw = _VARIANT_TILES["local"]
             block_t, num_stages, num_warps = (cfg.block_t or bt, cfg.num_stages or ns,
                                               cfg.num_warps or nw)
-    if variant == "wg":
+    if variant in ("wg", "ws"):
         block_h = 64  # the wgmma grid's M; heads beyond h are masked
         head_blocks = triton.cdiv(h, block_h)
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
@@ -1315,6 +1315,12 @@ class _Launch:
             launch_wg(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
                       h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
                       self.block_t, self.num_stages, self.cfg.pipeline)
+        elif self.variant == "ws":
+            from .ws_decode import launch_ws  # Gluon: imported only where it can run
+
+            launch_ws(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
+                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
+                      self.block_t)
         elif self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
