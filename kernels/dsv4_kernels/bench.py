@@ -395,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         # every variant at its default tiles (a variant the device cannot run records why)
         sweep = [DecodeConfig(block_t=bt, num_stages=ns, variant=v)
-                 for v, bt, ns in [("wg", 64, 2), ("local", 64, 2), ("staged", 64, 2),
-                                   ("gp", 32, 3), ("full", 64, 1), ("dsplit", 64, 2),
-                                   ("dsplit", 32, 2), ("pf", 16, 1)]]
+                 for v, bt, ns in [("ws", 64, 3), ("wg", 64, 2), ("local", 64, 2),
+                                   ("staged", 64, 2), ("gp", 32, 3), ("full", 64, 1),
+                                   ("dsplit", 64, 2), ("dsplit", 32, 2), ("pf", 16, 1)]]
     skip = set(args.skip.split(","))
     if "decode" not in skip:
         bench_decode(timer, base, res["ceilings"], device,

@@ -979,16 +979,18 @@ class DecodeConfig:
     99 KB), ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
     attention whose tile loads Triton pipelines into shared memory), ``"local"`` (staged inside
     one launch: each program stages ``stage_round`` tiles into a private slot, attends over
-    them, and repeats), ``"gp"`` or ``"wg"`` (wg_decode.py: a Gluon kernel for sm_90 whose two
+    them, and repeats), ``"gp"``, ``"wg"`` (wg_decode.py: a Gluon kernel for sm_90 whose two
     warpgroups split ``Q K^T`` by keys and ``P V`` by columns, with the gather copied into
-    shared memory by cp.async a tile ahead; the sm_90 default from 5 programs up). Numbers:
-    NOTES.md v1-v9.
+    shared memory by cp.async a tile ahead; the sm_90 default from 5 programs up where ws is
+    not taken) or ``"ws"`` (ws_decode.py: wg's products fed by a producer warpgroup that
+    dequantizes into two K buffers; the sm_90 default from 8 programs up on pages of a
+    power-of-two size). Numbers: NOTES.md v1-v11.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
-    variant supports it: full, pf, staged, local, wg) stores each head's partial scaled by a power
-    of two into fp16 plus the exponent; ``"fp32"`` (the default for dsplit and gp) costs twice
-    the bytes; ``"bf16"`` is a sweep knob only: its 8-bit significand, amplified when splits
-    nearly cancel, failed the reference tolerance in CI (NOTES.md v6-v7).
+    variant supports it: full, pf, staged, local, wg, ws) stores each head's partial scaled by
+    a power of two into fp16 plus the exponent; ``"fp32"`` (the default for dsplit and gp)
+    costs twice the bytes; ``"bf16"`` is a sweep knob only: its 8-bit significand, amplified
+    when splits nearly cancel, failed the reference tolerance in CI (NOTES.md v6-v7).
 
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
     ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
@@ -1016,7 +1018,7 @@ DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
                   "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8),
-                  "wg": (64, 2, 8), "ws": (64, 2, 8)}
+                  "wg": (64, 2, 8), "ws": (64, 3, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
@@ -1028,6 +1030,14 @@ _STAGED_SMEM = 200 * 1024
 # "wg" (wg_decode.py) at BT 64 / 2 raw stages: 217.6 KB (Q 64 + K 64 + P 8 + two stages of
 # raw bytes 2 x 40.6 KB), Triton 3.6 and 3.9, sm_90.
 _WG_SMEM = 218 * 1024
+# "ws" (ws_decode.py, BT 64 and a ring of 3 quarter-tile stages, its only tiles): 222.0 KB (Q 64
+# + two K tiles 128 + P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
+_WS_SMEM = 227_364 + 1024
+# Programs (rows x head blocks) from which ws leads wg on an H200 (NOTES.md v11, run 66: B=8
+# 20.6 against 20.8-20.9 us, B=64 and B=128 0.9-5 us faster); pages of a power-of-two size
+# only, since a runtime division costs ws more than wg (B=64 with 61-token pages: 33.3 against
+# 32.5 us).
+_WS_MIN_PROGRAMS = 8
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
 SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local", "wg", "ws"})
@@ -1043,25 +1053,41 @@ def _gluon_ok() -> bool:
     return True
 
 
+@functools.cache
+def _gluon_ws_ok() -> bool:
+    """... and the warp specialization the ``ws`` kernel needs on top of it."""
+    try:
+        from triton.experimental.gluon import language as gl
+
+        from . import ws_decode  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return _gluon_ok() and hasattr(gl, "warp_specialize")
+
+
 def available_variants(max_shared: int, arch: int | None = None) -> tuple[str, ...]:
     """Variants whose default tiles fit a device with ``max_shared`` bytes per block; ``arch``
-    (compute capability as 90, 120, ...) adds ``wg`` on sm_90, the one part it is built for."""
+    (compute capability as 90, 120, ...) adds ``wg`` and ``ws`` on sm_90, the one part they
+    are built for."""
     if max_shared >= _STAGED_SMEM:
         wg = ("wg",) if arch == 90 and max_shared >= _WG_SMEM and _gluon_ok() else ()
-        return ("full", "dsplit", "pf", "staged", "gp", "local", *wg)
+        ws = ("ws",) if arch == 90 and max_shared >= _WS_SMEM and _gluon_ws_ok() else ()
+        return ("full", "dsplit", "pf", "staged", "gp", "local", *wg, *ws)
     if max_shared >= _FULL_SMEM:
         return ("full", "dsplit", "pf", "gp")
     return ("dsplit", "pf")
 
 
 def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
-                   arch: int | None = None) -> tuple[str, int | None]:
+                   arch: int | None = None, pow2_pages: bool = True) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements, side by side in one run (NOTES.md v8-v9, device runs 30-32 and 38): the
-    Gluon ``wg`` kernel is the fastest from 5 programs up on sm_90 (B=64/512: 34.6 µs
-    pipelined, 33.4 in acceptance run 42, against 53.1 for ``local``; B=64/1024, B=128 and
-    B=8 likewise); for a handful of programs dsplit at BT 64 (B=1: ~18 µs, NOTES.md v4),
+    H200 measurements, side by side in one run (NOTES.md v8-v11): on sm_90 the warp-specialized
+    Gluon ``ws`` kernel leads from 8 programs up when both caches have pages of a power-of-two
+    size (``pow2_pages``; B=64/512: 32.0-32.2 µs against 33.1-33.8 for ``wg``, run 66), and
+    ``wg`` elsewhere from 5 programs up (B=64/512: 34.6 µs pipelined, 33.4 in acceptance run
+    42, against 53.1 for ``local``; B=64/1024, B=128 and B=8 likewise); for a handful of
+    programs dsplit at BT 64 (B=1: ~18 µs, NOTES.md v4),
     whose split-K gain is the larger one. Without wgmma
     (sm_100, or a Triton build whose Gluon cannot compile it) ``local`` leads (B=64/512:
     52.5-54.0 µs vs 57.5-58.0 for ``staged``, NOTES.md v6). Devices with 99 KB per block
@@ -1074,7 +1100,10 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
         return "pf", None
     if rows * head_blocks <= 4:
         return "dsplit", 64
-    if "wg" in available_variants(max_shared, arch):
+    variants = available_variants(max_shared, arch)
+    if "ws" in variants and pow2_pages and rows * head_blocks >= _WS_MIN_PROGRAMS:
+        return "ws", None
+    if "wg" in variants:
         return "wg", None
     return ("local" if max_shared >= _STAGED_SMEM else "full"), None
 
@@ -1098,24 +1127,36 @@ _WG_MAX_STAGES = {64: 2, 32: 4}
 
 
 def _wg_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: tuple[int, ...],
-                block_t: int, stages: int, warps: int) -> str | None:
-    """Why the Gluon ``wg`` kernel cannot run these inputs, or None when it can. The checks on
-    the inputs come first, so that they give their own reason on any device."""
-    if block_t not in _WG_MAX_STAGES or not 2 <= stages <= _WG_MAX_STAGES[block_t] \
+                block_t: int, stages: int, warps: int, variant: str = "wg") -> str | None:
+    """Why the Gluon ``wg`` (or ``ws``) kernel cannot run these inputs, or None when it can.
+    The checks on the inputs come first, so that they give their own reason on any device."""
+    if variant == "ws":
+        if (block_t, stages, warps) != _VARIANT_TILES["ws"]:
+            return ("variant 'ws' takes only block_t 64, num_stages 3 (its ring of quarter "
+                    "tiles) and 8 consumer warps (what fits 227 KB of shared memory); got "
+                    f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
+    elif block_t not in _WG_MAX_STAGES or not 2 <= stages <= _WG_MAX_STAGES[block_t] \
             or warps != 8:
         return (f"variant 'wg' takes block_t 64 with num_stages 2, or block_t 32 with "
                 f"num_stages 2-4, and 8 warps (what fits 227 KB of shared memory); got "
                 f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
     if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
-        return (f"variant 'wg' copies keys in 16-byte pieces, so page bytes ({list(page_bytes)}) "
+        return (f"variant '{variant}' copies keys in 16-byte pieces, so page bytes "
+                f"({list(page_bytes)}) "
                 "must be multiples of 16 (SGLang's padding of pages to 576 bytes gives that) "
                 "and the cache and query tensors 16-byte aligned")
     if interpreting() or q.device.type != "cuda":
-        return ("variant 'wg' is a Gluon kernel for sm_90 GPUs; the Triton interpreter cannot "
-                "run it (use local, pf, full, dsplit, staged or gp)")
+        return (f"variant '{variant}' is a Gluon kernel for sm_90 GPUs; the Triton interpreter "
+                "cannot run it (use local, pf, full, dsplit, staged or gp)")
     arch = device_arch(q)
-    if arch != 90 or not _gluon_ok():
-        return f"variant 'wg' needs wgmma (sm_90) and Triton's Gluon; this device is sm_{arch}"
+    ok = _gluon_ws_ok() if variant == "ws" else _gluon_ok()
+    if arch != 90 or not ok:
+        return (f"variant '{variant}' needs wgmma (sm_90) and Triton's Gluon"
+                f"{' with warp specialization' if variant == 'ws' else ''}; this device is "
+                f"sm_{arch}")
+    if variant == "ws" and device_max_shared(q) < _WS_SMEM:
+        return (f"variant 'ws' needs {_WS_SMEM} bytes of shared memory per block; this device "
+                f"offers {device_max_shared(q)}")
     return None
 
 
@@ -1187,8 +1228,9 @@ def sparse_mla_decode(
     sms = device_sms(q)
     # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
     # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
+    pow2_pages = all(ps > 0 and ps & (ps - 1) == 0 for ps in (a_ps, b_ps))
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
-                                           device_arch(q))
+                                           device_arch(q), pow2_pages)
     variant = cfg.variant or auto_variant
     if variant not in _VARIANT_TILES:
         raise ValueError(f"variant must be one of {sorted(_VARIANT_TILES)}, got {variant!r}")
@@ -1198,7 +1240,8 @@ def sparse_mla_decode(
     num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
     col_blocks = 2 if variant == "dsplit" else 1
     if variant in ("wg", "ws"):
-        refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps)
+        refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps,
+                              variant)
         if refusal and cfg.variant == variant:
             raise ValueError(refusal)
         if refusal:  # the automatic choice falls back to the Triton variant of this class
@@ -1319,8 +1362,7 @@ class _Launch:
             from .ws_decode import launch_ws  # Gluon: imported only where it can run
 
             launch_ws(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
-                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
-                      self.block_t)
+                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled)
         elif self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)

@@ -155,13 +155,22 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     from dsv4_kernels.sparse_decode import available_variants, choose_variant
 
     h200, sm120 = 232448, 101376
-    # sm_90 with the Gluon wgmma kernel: wg from 5 programs up, dsplit below
-    assert choose_variant(64, 1, 132, h200, 90) == ("wg", None)
-    assert choose_variant(8, 1, 132, h200, 90) == ("wg", None)
+    # sm_90 with the Gluon wgmma kernels: ws from 8 programs up on power-of-two pages, wg from
+    # 5 programs up otherwise, dsplit below
+    assert "ws" in available_variants(h200, 90)
+    assert choose_variant(64, 1, 132, h200, 90) == ("ws", None)
+    assert choose_variant(8, 1, 132, h200, 90) == ("ws", None)
+    assert choose_variant(4, 2, 132, h200, 90) == ("ws", None)
+    assert choose_variant(64, 1, 132, h200, 90, pow2_pages=False) == ("wg", None)
+    assert choose_variant(7, 1, 132, h200, 90) == ("wg", None)
+    assert choose_variant(5, 1, 132, h200, 90) == ("wg", None)
     assert choose_variant(1, 1, 132, h200, 90) == ("dsplit", 64)
+    assert "ws" not in available_variants(228_000, 90)  # room for wg, not for ws's ring
+    assert choose_variant(64, 1, 132, 228_000, 90) == ("wg", None)
     # the same shared memory without wgmma (sm_100, or arch unknown): the Triton variants
     for arch in (None, 100):
         assert "wg" not in available_variants(h200, arch)
+        assert "ws" not in available_variants(h200, arch)
         assert choose_variant(64, 1, 132, h200, arch) == ("local", None)
         assert choose_variant(8, 1, 132, h200, arch) == ("local", None)
     assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)

@@ -1,0 +1,101 @@
+"""CPU checks of the warp-specialized Gluon ``ws`` decode kernel (ws_decode.py).
+
+As for ``wg`` (test_kernels_wg.py), the interpreter cannot run Gluon: the numerics are checked
+on the GPU (selftest and bench, every variant against the fp32 reference). What CI checks
+here: that the kernel compiles for sm_90 with the installed Triton, in the shapes the design
+rests on (a producer warpgroup whose registers are cut to 128 by ``setmaxnreg``; ``Q K^T`` and
+``P V`` split between the two consumer warpgroups as in ``wg``; both page-size paths), within
+the shared memory the dispatcher budgets for it; and that it refuses, with a reason, what it
+cannot run. The compile runs in a subprocess, outside this suite's ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_COMPILE = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from dsv4_kernels import ws_decode as w
+
+nsplit, scaled, log2 = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
+fn = w._sparse_decode_ws_kernel
+consts = dict(A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
+              SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2)
+ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16",
+        "a_u8": "*u8", "b_u8": "*u8", "a_idx": "*i32", "b_idx": "*i32", "a_len": "*i32",
+        "b_len": "*i32", "sink_ptr": "*fp32", "lse_ptr": "*fp32", "lp_ptr": "*fp32",
+        "ks_ptr": "*fp32", "op_ptr": "*fp16" if scaled else "*fp32", "qk_scale": "fp32"}
+sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
+# What the launcher guarantees (it refuses others): 16-byte aligned pointers, page bytes and
+# strides that are multiples of 16.
+aligned = [n for n in fn.arg_names if sig[n].startswith("*") or n.endswith("_pb")
+           or n.startswith("stride_")]
+attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+ptx = k.asm["ptx"]
+shapes = {}
+for m in re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx):
+    shapes[m] = shapes.get(m, 0) + 1
+regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes, "setmaxnreg": regs,
+                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))}))
+"""
+
+
+def _compile(nsplit: int, scaled: bool, log2: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(nsplit), "1" if scaled else "0",
+                          str(log2)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("nsplit", "scaled", "log2"), [(2, True, 8), (1, False, -1)])
+def test_ws_compiles_for_sm90_with_a_producer_warpgroup(nsplit: int, scaled: bool,
+                                                        log2: int) -> None:
+    """(2, True, 8): the B=64 launch (fp16 partials, 256- and 64-token pages); (1, False, -1):
+    one split, fp32 partials, page sizes that are not powers of two (the division path)."""
+    from dsv4_kernels.sparse_decode import _WS_SMEM
+
+    out = _compile(nsplit, scaled, log2)
+    assert out["shared"] + 1024 <= _WS_SMEM, out
+    assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
+    assert 128 in out["setmaxnreg"], out  # the producer warpgroup's register cut
+    assert out["cp_async"] > 0, out
+
+
+def test_ws_is_refused_where_it_cannot_run(gen: torch.Generator) -> None:
+    from dsv4_kernels.cases import make_decode_case
+    from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
+
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    with pytest.raises(ValueError, match=r"variant 'ws' is a Gluon kernel.*interpreter"):
+        sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="ws"))
+
+
+def test_ws_refuses_other_tiles(gen: torch.Generator) -> None:
+    from dsv4_kernels.cases import make_decode_case
+    from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
+
+    case = make_decode_case(gen, batch=1, heads=16, topk=16, extra_topk=0)
+    for bad in (dict(block_t=32), dict(num_stages=2), dict(num_warps=4)):
+        with pytest.raises(ValueError, match="'ws' takes only block_t 64, num_stages 3"):
+            sparse_mla_decode(**case.kwargs(), config=DecodeConfig(variant="ws", **bad))
+
+
+def test_ws_page_log2() -> None:
+    from dsv4_kernels.ws_decode import page_log2
+
+    assert [page_log2(p) for p in (1, 2, 64, 256, 61, 3, 96, 0)] == [0, 1, 6, 8, -1, -1, -1, -1]
