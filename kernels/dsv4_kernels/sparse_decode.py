@@ -1033,10 +1033,11 @@ _WG_SMEM = 218 * 1024
 # "ws" (ws_decode.py, BT 64 and a ring of 3 quarter-tile stages, its only tiles): 222.0 KB (Q 64
 # + two K tiles 128 + P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
 _WS_SMEM = 227_364 + 1024
-# Programs (rows x head blocks) from which ws leads wg on an H200 (NOTES.md v11, run 66: B=8
-# 20.6 against 20.8-20.9 us, B=64 and B=128 0.9-5 us faster); pages of a power-of-two size
-# only, since a runtime division costs ws more than wg (B=64 with 61-token pages: 33.3 against
-# 32.5 us).
+# Programs (rows x head blocks) from which ws leads wg on an H200 (NOTES.md v11, run 67, side
+# by side: B=8/1024 20.5-20.6 against 20.6-20.7 us, B=64/512 32.3-32.4 against 33.1-33.5,
+# B=128/512 44.3 against 48.8; at B=5 ws loses, 15.8-16.1 against 14.7-14.9). Pages of a
+# power-of-two size only: a runtime division costs ws more than wg (B=64/512 with 61-token
+# pages: 34.0-34.1 against 32.8 us).
 _WS_MIN_PROGRAMS = 8
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
@@ -1084,7 +1085,7 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
 
     H200 measurements, side by side in one run (NOTES.md v8-v11): on sm_90 the warp-specialized
     Gluon ``ws`` kernel leads from 8 programs up when both caches have pages of a power-of-two
-    size (``pow2_pages``; B=64/512: 32.0-32.2 µs against 33.1-33.8 for ``wg``, run 66), and
+    size (``pow2_pages``; B=64/512: 32.3-32.4 µs against 33.1-33.5 for ``wg``, run 67), and
     ``wg`` elsewhere from 5 programs up (B=64/512: 34.6 µs pipelined, 33.4 in acceptance run
     42, against 53.1 for ``local``; B=64/1024, B=128 and B=8 likewise); for a handful of
     programs dsplit at BT 64 (B=1: ~18 µs, NOTES.md v4),
