@@ -11,55 +11,16 @@ cannot run. The compile runs in a subprocess, outside this suite's ``TRITON_INTE
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-_COMPILE = r"""
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from dsv4_kernels import ws_decode as w
-
-nsplit, scaled, log2 = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
-fn = w._sparse_decode_ws_kernel
-consts = dict(A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
-              SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2)
-ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16",
-        "a_u8": "*u8", "b_u8": "*u8", "a_idx": "*i32", "b_idx": "*i32", "a_len": "*i32",
-        "b_len": "*i32", "sink_ptr": "*fp32", "lse_ptr": "*fp32", "lp_ptr": "*fp32",
-        "ks_ptr": "*fp32", "op_ptr": "*fp16" if scaled else "*fp32", "qk_scale": "fp32"}
-sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
-# What the launcher guarantees (it refuses others): 16-byte aligned pointers, page bytes and
-# strides that are multiples of 16.
-aligned = [n for n in fn.arg_names if sig[n].startswith("*") or n.endswith("_pb")
-           or n.startswith("stride_")]
-attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-ptx = k.asm["ptx"]
-shapes = {}
-for m in re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx):
-    shapes[m] = shapes.get(m, 0) + 1
-regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
-print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes, "setmaxnreg": regs,
-                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))}))
-"""
-
 
 def _compile(nsplit: int, scaled: bool, log2: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(nsplit), "1" if scaled else "0",
-                          str(log2)], capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    from gluon_compile import compile_sm90
+
+    return compile_sm90("dsv4_kernels.ws_decode", "_sparse_decode_ws_kernel", dict(
+        A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
+        SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2))
 
 
 @pytest.mark.parametrize(("nsplit", "scaled", "log2"), [(2, True, 8), (1, False, -1)])
