@@ -1054,6 +1054,11 @@ def _gluon_ok() -> bool:
     return True
 
 
+def page_log2(ps: int) -> int:
+    """log2 of a power-of-two page size, else -1 (``ws`` then divides, and is not chosen)."""
+    return ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
+
+
 @functools.cache
 def _gluon_ws_ok() -> bool:
     """... and the warp specialization the ``ws`` kernel needs on top of it."""
@@ -1229,7 +1234,7 @@ def sparse_mla_decode(
     sms = device_sms(q)
     # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
     # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
-    pow2_pages = all(ps > 0 and ps & (ps - 1) == 0 for ps in (a_ps, b_ps))
+    pow2_pages = all(page_log2(ps) >= 0 for ps in (a_ps, b_ps))
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
                                            device_arch(q), pow2_pages)
     variant = cfg.variant or auto_variant

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .sparse_decode import _Keys
+from .sparse_decode import _Keys, page_log2
 from .wg_decode import (
     _NEW_REINTERPRET,
     _async_load,
@@ -421,11 +421,6 @@ def _sparse_decode_ws_kernel(
                       b_u8, b_bf16, b_ps, b_pb, a_row, b_row, a_len, a_topk, b_len, b_topk,
                       bidx, sp, BT, A_LOG2, B_LOG2, A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT))],
         [_PRODUCER_WARPS], [_PRODUCER_REGS])
-
-
-def page_log2(ps: int) -> int:
-    """log2 of a power-of-two page size, else -1 (the kernel then divides)."""
-    return ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
 
 
 def launch_ws(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len: torch.Tensor,

@@ -57,6 +57,6 @@ def test_ws_refuses_other_tiles(gen: torch.Generator) -> None:
 
 
 def test_ws_page_log2() -> None:
-    from dsv4_kernels.ws_decode import page_log2
+    from dsv4_kernels.sparse_decode import page_log2
 
     assert [page_log2(p) for p in (1, 2, 64, 256, 61, 3, 96, 0)] == [0, 1, 6, 8, -1, -1, -1, -1]
