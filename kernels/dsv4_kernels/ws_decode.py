@@ -49,8 +49,8 @@ from .wg_decode import (
 )
 
 # The producer's registers: the consumers need 184 (their [64, 512] fp32 accumulator is 128;
-# below 184 ptxas spills around the products, Triton 3.6, sm_90), and 8 x 184 + 4 x 128 warps'
-# worth fills the 64 K registers of the SM.
+# below 184 ptxas spills around the products, Triton 3.6, sm_90), and (8 warps x 184 + 4 warps
+# x 128) x 32 threads = 63.5 K of the SM's 64 K registers.
 _PRODUCER_REGS = gl.constexpr(128)
 _PRODUCER_WARPS = gl.constexpr(4)  # for the jit code
 _NPRODUCER = 4  # the same, for the layout helpers
