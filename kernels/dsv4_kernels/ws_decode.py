@@ -158,6 +158,7 @@ def _ring_copy(u8, base, valid, dst, C0: gl.constexpr, NC: gl.constexpr):
     d3 = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
     col = gl.expand_dims(gl.expand_dims((C0 + c3) * 64, 1), 2) + gl.expand_dims(
         gl.expand_dims(d3, 0), 1)
+    # (col >= 0 and the like below are always true: they give the mask the pointers' shape)
     _async_load(dst, u8 + gl.expand_dims(gl.expand_dims(b3, 0), 2) + col,
                 mask=gl.expand_dims(gl.expand_dims(v3, 0), 2) & (col >= 0))
 
