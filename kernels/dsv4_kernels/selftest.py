@@ -35,9 +35,11 @@ DECODE_CASES: list[dict[str, Any]] = [
 def _decode_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     out = []
     for spec in DECODE_CASES:
-        for nsplit in (1, 5):
+        for nsplit in (1, 2, 5):
             probe = torch.empty(0, device=device)
             for variant in available_variants(device_max_shared(probe), device_arch(probe)):
+                if nsplit == 2 and variant != "ws":
+                    continue  # two splits take ws's cluster merge; elsewhere the combine, as 5
                 c = make_decode_case(g, device=device, **spec)
                 cfg = DecodeConfig(nsplit=nsplit, variant=variant)
                 o, lse = sparse_mla_decode(**c.kwargs(), config=cfg)

@@ -996,7 +996,10 @@ class DecodeConfig:
     ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
     ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
     the cache past L2 and keep the scratch in it), ``pipeline`` (wg: dequantize the next tile
-    during this tile's ``P V``; False is the sequential schedule, NOTES.md v9).
+    during this tile's ``P V``; False is the sequential schedule, NOTES.md v9), ``pair`` (ws
+    with two splits: launch each row's splits as a cluster of two CTAs that merge their halves
+    in the kernel instead of the combine launch; None or True where the Triton launcher allows
+    it, False for the combine).
     """
 
     block_h: int = 64
@@ -1012,6 +1015,7 @@ class DecodeConfig:
     stage_warps: int = 4
     stage_round: int | None = None
     pipeline: bool = True
+    pair: bool | None = None
 
 
 DEFAULT_CONFIG = DecodeConfig()
@@ -1358,6 +1362,7 @@ class _Launch:
         head_blocks = triton.cdiv(h, self.block_h)
         bt = self.block_t
         ev = self.cfg.l2_hints and not interpreting()
+        merged = False  # ws merges a pair of splits itself
         if self.variant == "wg":
             from .wg_decode import launch_wg  # Gluon: imported only where it can run
 
@@ -1367,8 +1372,9 @@ class _Launch:
         elif self.variant == "ws":
             from .ws_decode import launch_ws  # Gluon: imported only where it can run
 
-            launch_ws(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
-                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled)
+            merged = launch_ws(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
+                               h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit,
+                               scaled, pair=self.cfg.pair is not False)
         elif self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
@@ -1424,7 +1430,7 @@ class _Launch:
                 h, self.s_q, self.qk_scale, **flags, **heads,
                 num_warps=self.num_warps, num_stages=self.num_stages, **extra,
             )
-        if nsplit > 1:
+        if nsplit > 1 and not merged:
             bhc = combine_block_h(rows, h)
             _combine_kernel[(rows, triton.cdiv(h, bhc), 4)](
                 o_part, l_part, k_part, sink, o2, o2.stride(0), o2.stride(1), lse, h, self.s_q,

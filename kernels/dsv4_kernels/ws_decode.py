@@ -36,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.runtime import driver
 
 from .sparse_decode import _Keys, page_log2
 from .wg_decode import (
@@ -101,6 +102,34 @@ def _e4m3x4_to_f16(w):
         }""",
         "=h,=h,=h,=h,r", [w], dtype=(gl.float16, gl.float16, gl.float16, gl.float16),
         is_pure=True, pack=1)
+
+
+@gluon.jit
+def _cluster_arrive(RELEASE: gl.constexpr):
+    """This thread's arrival at the cluster barrier (PTX ``barrier.cluster.arrive``; Gluon 3.6
+    has no wrapper). ``RELEASE``: the thread's earlier global stores become visible to the
+    cluster's threads that pass the matching wait."""
+    if RELEASE:
+        gl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned; mov.u32 $0, 0;",
+                                  "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, 0;",
+                                  "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_wait():
+    """Wait until every thread of the cluster has arrived (acquire: their released stores are
+    visible after it)."""
+    gl.inline_asm_elementwise("barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _cluster_size():
+    """CTAs in this program's cluster: 2 when the host launched it as a pair, else 1."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %cluster_nctarank;", "=r", [],
+                                     dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -229,7 +258,7 @@ def _producer(k_s, ok_s, full, empty, r4_s, r2_s, r1_s, rs_s, a_u8, a_bf16, a_ps
               b_bf16, b_ps, b_pb, a_row, b_row, a_len, a_topk, b_len, b_topk, bidx, sp,
               BT: gl.constexpr, A_LOG2: gl.constexpr, B_LOG2: gl.constexpr,
               A_HAS_LEN: gl.constexpr, HAS_B: gl.constexpr, B_HAS_LEN: gl.constexpr,
-              NSPLIT: gl.constexpr):
+              NSPLIT: gl.constexpr, PAIR: gl.constexpr):
     """Fill the two K buffers in turn, a quarter tile at a time: while quarter j is converted,
     quarters j + 1 .. j + 3 are in flight in the ring (with the tile's ropes, about 29 KB;
     registers hold no loads across iterations, where moving them would wait for them)."""
@@ -324,6 +353,107 @@ def _producer(k_s, ok_s, full, empty, r4_s, r2_s, r1_s, rs_s, a_u8, a_bf16, a_ps
         n2 = m2
         n3 = m3
     async_copy.wait_group(0)
+    if PAIR:  # every thread of the cluster takes part in the consumers' barrier
+        _cluster_arrive(False)
+        _cluster_wait()
+
+
+@gluon.jit
+def _pair_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or,
+                   stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L: gl.constexpr,
+                   HAS_SINK: gl.constexpr):
+    """The row's two splits, launched as one cluster of two CTAs, merge without the combine
+    launch. Each stores the column half its partner merges (as a scaled fp16 partial, the
+    combine's format) with its heads' LSE and exponent; both pass a cluster barrier; each then
+    merges its own half, its values from shared memory and the partner's from L2, and stores
+    the output: split 0 columns 0-255 (its first warpgroup's), split 1 columns 256-511."""
+    heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
+    hmask = heads < H
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
+    has = l_o > 0.0
+    safe_l = gl.where(has, l_o, 1.0)
+    o = acc / gl.expand_dims(safe_l, 1)
+    lse2 = gl.where(has, m_o + gl.log2(safe_l), float("-inf"))
+    amax = gl.max(gl.abs(o), axis=1)
+    k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
+    k = gl.minimum(gl.maximum(k, -126.0), 126.0)
+    o = o * gl.expand_dims(gl.exp2(-k), 1)
+    prow = (r * 2 + sp).to(gl.int64) * H
+    gl.store(ks_ptr + prow + heads, k, mask=hmask)
+    gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
+    # the fp16 tile, staged in the free Q buffer (as in _wg_store_rows): both halves are read
+    # back from it 16 bytes a thread
+    if _NEW_REINTERPRET:
+        view = q_s.reinterpret(gl.float16, [64, 512], q_s.type.layout)
+    else:
+        view = q_s._reinterpret(gl.float16, [64, 512], q_s.type.layout)
+    view.store(o.to(gl.float16))
+    _cta_barrier()
+    qrow = (r * 2 + 1 - sp).to(gl.int64) * H
+    if sp == 0:
+        _pair_merge(view, lse2, k, r, hb, bidx, H, s_q, prow, qrow, sink_ptr, o_ptr, stride_or,
+                    stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, 0, HAS_SINK)
+    else:
+        _pair_merge(view, lse2, k, r, hb, bidx, H, s_q, prow, qrow, sink_ptr, o_ptr, stride_or,
+                    stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, 256, HAS_SINK)
+
+
+@gluon.jit
+def _pair_merge(view, lse2, k, r, hb, bidx, H, s_q, prow, qrow, sink_ptr, o_ptr, stride_or,
+                stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, KEEP: gl.constexpr,
+                HAS_SINK: gl.constexpr):
+    """``_pair_epilogue`` for the CTA that merges columns KEEP .. KEEP + 255 (KEEP = 0: split
+    0). The arithmetic is ``_combine_kernel``'s with split 0's terms first in both CTAs, so
+    results do not depend on which CTA merges or finishes first."""
+    HL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    SEND: gl.constexpr = 256 - KEEP
+    hh = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, HL))
+    hv = hh < H
+    hv2 = gl.expand_dims(hv, 1)
+    cols = gl.arange(0, 256, layout=gl.SliceLayout(0, HL))
+    sent = view.slice(SEND, 256, dim=1).load(HL)
+    gl.store(op_ptr + (prow + gl.expand_dims(hh, 1)) * 512 + SEND + gl.expand_dims(cols, 0),
+             sent, mask=hv2)
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + hh, mask=hv, other=0.0).to(gl.float32)
+    _cluster_arrive(True)  # release: the stores above (and the caller's), for the partner
+    _cluster_wait()
+    # .cg: read at L2, where the partner's stores are, whatever this SM's L1 holds
+    lp_p = gl.load(lp_ptr + qrow + hh, mask=hv, other=float("-inf"), cache_modifier=".cg")
+    k_p = gl.load(ks_ptr + qrow + hh, mask=hv, other=0.0, cache_modifier=".cg")
+    peer = gl.load(op_ptr + (qrow + gl.expand_dims(hh, 1)) * 512 + KEEP
+                   + gl.expand_dims(cols, 0), mask=hv2, other=0.0,
+                   cache_modifier=".cg").to(gl.float32)
+    own = view.slice(KEEP, 256, dim=1).load(HL).to(gl.float32)
+    lp_s = gl.convert_layout(lse2, gl.SliceLayout(1, HL))
+    k_s = gl.convert_layout(k, gl.SliceLayout(1, HL))
+    if KEEP == 0:
+        lp0, lp1, k0, k1, o0, o1 = lp_s, lp_p, k_s, k_p, own, peer
+    else:
+        lp0, lp1, k0, k1, o0, o1 = lp_p, lp_s, k_p, k_s, peer, own
+    gmax = gl.maximum(lp0, lp1)
+    gm = gl.where(gmax == float("-inf"), 0.0, gmax)
+    w0 = gl.exp2(lp0 - gm)
+    w1 = gl.exp2(lp1 - gm)
+    tot = w0 + w1
+    w0 = w0 * gl.exp2(k0)
+    w1 = w1 * gl.exp2(k1)
+    merged = gl.expand_dims(w0, 1) * o0 + gl.expand_dims(w1, 1) * o1
+    ok = tot > 0.0
+    safe = gl.where(ok, tot, 1.0)
+    out = merged / gl.expand_dims(safe, 1)
+    lse = (gl.log2(safe) + gm) * 0.6931471805599453
+    if HAS_SINK:
+        out = out * gl.expand_dims(1.0 / (1.0 + gl.exp(sink - lse)), 1)
+    out = gl.where(gl.expand_dims(ok, 1), out, 0.0)
+    # NaN, loudly, if a launch path ever loses the cluster: the partner's half would be stale
+    out = gl.where(_cluster_size() == 2, out, float("nan"))
+    gl.store(o_ptr + r.to(gl.int64) * stride_or + gl.expand_dims(hh * stride_oh, 1) + KEEP
+             + gl.expand_dims(cols, 0), out.to(o_ptr.dtype.element_ty), mask=hv2)
+    if KEEP == 0:
+        lse = gl.where(ok, lse, float("inf"))
+        gl.store(lse_ptr + bidx * H * s_q + hh * s_q + (r - bidx * s_q), lse, mask=hv)
 
 
 @gluon.jit
@@ -331,9 +461,9 @@ def _consumer(q_s, k_s, p_s, ok_s, full, empty, q_ptr, stride_qr, stride_qh, qk_
               sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr, op_ptr, lp_ptr,
               ks_ptr, a_len, a_topk, b_len, b_topk, BT: gl.constexpr, HAS_SINK: gl.constexpr,
               NSPLIT: gl.constexpr, SCALED: gl.constexpr, A_HAS_LEN: gl.constexpr,
-              HAS_B: gl.constexpr, B_HAS_LEN: gl.constexpr):
+              HAS_B: gl.constexpr, B_HAS_LEN: gl.constexpr, PAIR: gl.constexpr):
     """The split's cut, the Q copy, then ``wg``'s products and online softmax on each full K
-    buffer, and its epilogue."""
+    buffer, and its epilogue (``_pair_epilogue`` for a pair of splits)."""
     BH: gl.constexpr = 64
     _, _, _, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN, HAS_B,
                                    B_HAS_LEN, NSPLIT, BT)
@@ -368,8 +498,13 @@ def _consumer(q_s, k_s, p_s, ok_s, full, empty, q_ptr, stride_qr, stride_qh, qk_
         o_tok, m_i, l_i = _wg_softmax_pv(s, valid, m_i, l_i, acc, qk_scale, p_s, k_b, O_L)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(empty.index(b))  # both warpgroups are past P V (barrier first)
-    _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh,
-                 lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L, HAS_SINK, NSPLIT, SCALED)
+    if PAIR:
+        _pair_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or,
+                       stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L, HAS_SINK)
+    else:
+        _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or,
+                     stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L, HAS_SINK, NSPLIT,
+                     SCALED)
 
 
 @gluon.jit
@@ -382,16 +517,23 @@ def _sparse_decode_ws_kernel(
     H, s_q, qk_scale,
     A_HAS_LEN: gl.constexpr, HAS_B: gl.constexpr, B_HAS_LEN: gl.constexpr,
     HAS_SINK: gl.constexpr, NSPLIT: gl.constexpr, SCALED: gl.constexpr,
-    BT: gl.constexpr, A_LOG2: gl.constexpr, B_LOG2: gl.constexpr,
+    BT: gl.constexpr, A_LOG2: gl.constexpr, B_LOG2: gl.constexpr, PAIR: gl.constexpr,
 ):
     """One program: a row, 64 heads (masked beyond ``H``), one split of the row's key tiles;
     eight consumer warps plus a four-warp producer (module docstring). ``A_LOG2`` / ``B_LOG2``:
-    log2 of each cache's page size, or -1 where it is not a power of two."""
+    log2 of each cache's page size, or -1 where it is not a power of two. ``PAIR``: two splits
+    launched as clusters of two CTAs (grid (split, row, head block)) that merge in the kernel."""
     BH: gl.constexpr = 64
     gl.static_assert(gl.num_warps() == 8, "the consumers' [4, 2] warp grid needs num_warps=8")
-    r = gl.program_id(0)
-    hb = gl.program_id(1)
-    sp = gl.program_id(2)
+    gl.static_assert(not PAIR or (NSPLIT == 2 and SCALED), "a pair merges two scaled splits")
+    if PAIR:  # the split is the cluster's CTA: the fastest grid axis
+        sp = gl.program_id(0)
+        r = gl.program_id(1)
+        hb = gl.program_id(2)
+    else:
+        r = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
     bidx = r // s_q
     Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BH, 512], gl.bfloat16)
     K_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, 512], gl.bfloat16)
@@ -417,25 +559,59 @@ def _sparse_decode_ws_kernel(
         [(_consumer, (q_s, k_s, p_s, ok_s, full, empty, q_ptr, stride_qr, stride_qh, qk_scale,
                       r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
                       op_ptr, lp_ptr, ks_ptr, a_len, a_topk, b_len, b_topk, BT, HAS_SINK,
-                      NSPLIT, SCALED, A_HAS_LEN, HAS_B, B_HAS_LEN)),
+                      NSPLIT, SCALED, A_HAS_LEN, HAS_B, B_HAS_LEN, PAIR)),
          (_producer, (k_s, ok_s, full, empty, r4_s, r2_s, r1_s, rs_s, a_u8, a_bf16, a_ps, a_pb,
                       b_u8, b_bf16, b_ps, b_pb, a_row, b_row, a_len, a_topk, b_len, b_topk,
-                      bidx, sp, BT, A_LOG2, B_LOG2, A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT))],
+                      bidx, sp, BT, A_LOG2, B_LOG2, A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT,
+                      PAIR))],
         [_PRODUCER_WARPS], [_PRODUCER_REGS])
+
+
+def _launch_pairs(grid: tuple[int, int, int], args: dict) -> bool:
+    """Launch the ``PAIR`` kernel as clusters of two CTAs; False where this Triton cannot.
+
+    The kernel is compiled as an ordinary one-CTA program (``num_ctas=2`` would make Triton
+    spread every tensor over the cluster and keep only one CTA's stores); the cluster is asked
+    for at launch only. Triton 3.6 and 3.9 launchers read the CTAs per cluster from the
+    kernel's packed metadata (num_warps, num_ctas, shared memory) and launch ``grid[0] x
+    num_ctas`` CTAs along x in clusters of ``num_ctas``, so this hands them a copy with 2."""
+    kernel = _sparse_decode_ws_kernel
+    compiled = kernel.warmup(grid=grid, **args)  # compiles (or finds) it; launches nothing
+    if hasattr(compiled, "result"):  # an asynchronous compile's future
+        compiled = compiled.result()
+    meta = getattr(compiled, "packed_metadata", None)
+    if not (isinstance(meta, tuple) and len(meta) == 3 and meta[1] == 1):
+        return False
+    run = compiled.run  # loads the binary (sets .function) on first use
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    values = [args[name] for name in kernel.arg_names]
+    run(grid[0] // 2, grid[1], grid[2], stream, compiled.function, (meta[0], 2, meta[2]),
+        compiled.launch_metadata(grid, stream, *values), None, None, *values)
+    return True
 
 
 def launch_ws(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len: torch.Tensor,
               sink: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
               l_part: torch.Tensor, k_part: torch.Tensor, h: int, s_q: int, qk_scale: float,
-              flags: dict[str, bool], has_sink: bool, nsplit: int, scaled: bool) -> None:
-    """Launch over ``rows x cdiv(h, 64) x nsplit`` programs of 12 warps (as ``launch_wg``)."""
+              flags: dict[str, bool], has_sink: bool, nsplit: int, scaled: bool,
+              pair: bool = False) -> bool:
+    """Launch over ``rows x cdiv(h, 64) x nsplit`` programs of 12 warps (as ``launch_wg``).
+    ``pair`` (two scaled splits only): as clusters of two that merge the splits themselves.
+    Returns whether the output is complete, i.e. whether no combine launch is needed."""
     rows = q2.shape[0]
-    grid = (rows, (h + 63) // 64, nsplit)
-    _sparse_decode_ws_kernel[grid](
-        q2, q2.stride(0), q2.stride(1),
-        a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
-        bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
-        sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part, k_part,
-        h, s_q, qk_scale, **flags, HAS_SINK=has_sink, NSPLIT=nsplit, SCALED=scaled,
-        BT=4 * _QT, A_LOG2=page_log2(a.ps), B_LOG2=page_log2(bk.ps), num_warps=8,
+    args = dict(
+        q_ptr=q2, stride_qr=q2.stride(0), stride_qh=q2.stride(1),
+        a_u8=a.u8, a_bf16=a.bf, a_idx=a.idx, stride_ar=a.idx.stride(1), a_len=a_len,
+        a_topk=a.topk, a_ps=a.ps, a_pb=a.pb,
+        b_u8=bk.u8, b_bf16=bk.bf, b_idx=bk.idx, stride_br=bk.idx.stride(1), b_len=b_len,
+        b_topk=bk.topk, b_ps=bk.ps, b_pb=bk.pb,
+        sink_ptr=sink, o_ptr=o2, stride_or=o2.stride(0), stride_oh=o2.stride(1), lse_ptr=lse,
+        op_ptr=o_part, lp_ptr=l_part, ks_ptr=k_part, H=h, s_q=s_q, qk_scale=qk_scale,
+        **flags, HAS_SINK=has_sink, NSPLIT=nsplit, SCALED=scaled, BT=4 * _QT,
+        A_LOG2=page_log2(a.ps), B_LOG2=page_log2(bk.ps), num_warps=8,
     )
+    if pair and nsplit == 2 and scaled and \
+            _launch_pairs((2, rows, (h + 63) // 64), dict(args, PAIR=True)):
+        return True
+    _sparse_decode_ws_kernel[(rows, (h + 63) // 64, nsplit)](**args, PAIR=False)
+    return nsplit == 1

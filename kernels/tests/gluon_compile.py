@@ -4,7 +4,8 @@ PTX, for the CPU tests of ``wg`` and ``ws`` (the interpreter cannot run Gluon).
 ``compile_sm90(module, kernel, consts)`` runs the compile in a subprocess, because the test
 suite sets ``TRITON_INTERPRET=1``, under which Gluon code cannot be compiled. It returns the
 shared memory Triton allocates, the count of each wgmma shape, the ``setmaxnreg`` values and
-the number of ``cp.async`` copies in the PTX.
+the number of ``cp.async`` copies, of cluster-barrier arrivals and waits in the PTX, and the
+bytes of stack ptxas gives it (spills; from ``cuobjdump -res-usage``).
 """
 
 from __future__ import annotations
@@ -38,12 +39,23 @@ attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
 src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
+# ptxas's spills show in the cubin's resource usage, not in the PTX
+import os, subprocess, tempfile
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    f.write(k.asm["cubin"])
+    f.flush()
+    usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+stack = int(re.search(r"STACK:(\d+)", usage).group(1))
 shapes = {}
 for m in re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx):
     shapes[m] = shapes.get(m, 0) + 1
 regs = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
 print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes, "setmaxnreg": regs,
-                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))}))
+                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+                  "cluster_arrive": len(re.findall(r"barrier\.cluster\.arrive", ptx)),
+                  "cluster_wait": len(re.findall(r"barrier\.cluster\.wait", ptx)),
+                  "stack": stack}))
 """
 
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 
-def _compile(nsplit: int, scaled: bool, log2: int) -> dict:
+def _compile(nsplit: int, scaled: bool, log2: int, pair: bool = False) -> dict:
     from gluon_compile import compile_sm90
 
     return compile_sm90("dsv4_kernels.ws_decode", "_sparse_decode_ws_kernel", dict(
         A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
-        SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2))
+        SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2, PAIR=pair))
 
 
 @pytest.mark.parametrize(("nsplit", "scaled", "log2"), [(2, True, 8), (1, False, -1)])
@@ -35,6 +35,25 @@ def test_ws_compiles_for_sm90_with_a_producer_warpgroup(nsplit: int, scaled: boo
     assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
     assert 128 in out["setmaxnreg"], out  # the producer warpgroup's register cut
     assert out["cp_async"] > 0, out
+    assert out["cluster_arrive"] == out["cluster_wait"] == 0, out  # no pair: no cluster
+
+
+def test_ws_pair_merges_through_one_cluster_barrier_per_thread() -> None:
+    """The pair build (two splits merged in a cluster of two CTAs) keeps the products and the
+    shared-memory budget of the plain build, and every thread passes the cluster barrier once:
+    one arrive-wait pair in the producer, one in each of the consumers' two merge paths (split
+    0 keeps columns 0-255, split 1 the rest), so no thread can wait for an arrival that never
+    comes. Its epilogue holds half the columns at a time: the whole tile at once spilled (a
+    320-byte stack against the plain build's 8, Triton 3.6); by halves it is 8 against 8 with
+    Triton 3.6 and 112 against 64 with 3.9."""
+    from dsv4_kernels.sparse_decode import _WS_SMEM
+
+    plain = _compile(2, True, 8)
+    out = _compile(2, True, 8, pair=True)
+    assert out["shared"] == plain["shared"] and out["shared"] + 1024 <= _WS_SMEM, out
+    assert out["wgmma"] == plain["wgmma"], out
+    assert out["cluster_arrive"] == out["cluster_wait"] == 3, out
+    assert out["stack"] <= plain["stack"] + 64, (out, plain)
 
 
 def test_ws_is_refused_where_it_cannot_run(gen: torch.Generator) -> None:

@@ -1,8 +1,10 @@
 """Side by side on an sm_90 GPU: the ``ws`` and ``wg`` decode variants on the shapes that
-decide the dispatch (B=64 and 128 at top-k 512 / 1024, B=8, small grids, pages that are not a
-power of two, zero and random lengths). Every result is checked against the fp32 reference,
-and each timing (CUDA-graph replays, L2 flushed, as in the bench) against an eager call for
-bit-identical output. One JSON line per case and variant; each variant runs twice.
+decide the dispatch (B=64 at top-k 512 / 1024, pages that are not a power of two, zero and
+random lengths, more than one head block, no sink), and ``ws`` with two splits merged in a
+cluster of two CTAs (``ws``, the default) against the same splits merged by the combine launch
+(``ws-combine``). Every result is checked against the fp32 reference, and each timing
+(CUDA-graph replays, L2 flushed, as in the bench) against an eager call for bit-identical
+output. One JSON line per case and variant; each variant runs twice.
 
 ``python kernels/tools/ws_probe.py`` (PYTHONPATH=kernels).
 """
@@ -18,27 +20,29 @@ from dsv4_kernels.bench import SWA, Timer
 from dsv4_kernels.cases import compare_decode, make_decode_case
 from dsv4_kernels.reference import ref_sparse_decode
 
-SHAPES = [  # batch, extra top-k, heads, lengths, SWA page size, extra page size
-    (64, 512, 64, "full", 256, 64), (64, 1024, 64, "full", 256, 64),
-    (64, 512, 64, "random", 61, 64), (8, 1024, 64, "full", 256, 64),
-    (128, 512, 64, "full", 256, 64), (5, 512, 32, "random", 61, 3),
-    (3, 512, 64, "zero", 256, 64), (1, 512, 64, "full", 256, 64),
+SHAPES = [  # batch, extra top-k, heads, lengths, SWA page size, extra page size, splits, sink
+    (64, 512, 64, "full", 256, 64, None, True), (64, 1024, 64, "full", 256, 64, None, True),
+    (64, 512, 64, "random", 61, 64, None, True), (5, 512, 32, "random", 61, 3, 2, True),
+    (3, 512, 64, "zero", 256, 64, 2, True), (1, 512, 64, "full", 256, 64, 2, True),
+    (4, 1024, 128, "full", 256, 64, 2, False),
 ]
+VARIANTS = ("wg", "ws", "ws-combine")
 
 
 def main() -> None:
     timer = Timer(torch.device("cuda"))
     g = torch.Generator().manual_seed(3)
-    for bsz, topk, heads, lengths, ps, eps in SHAPES:
+    for bsz, topk, heads, lengths, ps, eps, nsplit, sink in SHAPES:
         c = make_decode_case(g, batch=bsz, heads=heads, topk=SWA, extra_topk=topk,
-                             page_size=ps, extra_page_size=eps, lengths=lengths,
+                             page_size=ps, extra_page_size=eps, lengths=lengths, sink=sink,
                              invalid_frac=0.1 if lengths == "random" else 0.0, device="cuda")
         kw = c.kwargs()
         ro, rl = ref_sparse_decode(**kw)
-        for name in ("wg", "ws", "wg", "ws"):
-            cfg = sd.DecodeConfig(variant=name)
-            row: dict = {"shape": f"{bsz}:{topk} h{heads} {lengths} ps{ps}/{eps}",
-                         "variant": name}
+        for name in VARIANTS + VARIANTS:
+            cfg = sd.DecodeConfig(variant=name.split("-")[0], nsplit=nsplit,
+                                  pair=not name.endswith("-combine"))
+            row: dict = {"shape": f"{bsz}:{topk} h{heads} {lengths} ps{ps}/{eps} "
+                                  f"splits {nsplit or 'auto'} sink {sink}", "variant": name}
             o, lse = sd.sparse_mla_decode(**kw, config=cfg)
             res = compare_decode(o, lse, ro, rl)
             row["ok"] = res["ok"]
