@@ -20,6 +20,10 @@ lengths and cuts its split itself, so the producer starts without waiting for a 
 and the consumers copy Q after that cut, so that 64 KB of Q per program do not queue ahead of
 the producer's first index and key loads (NOTES.md v11 has the measurements of each choice).
 
+With exactly two splits (B=64 on an H200), a row's two programs run as one cluster of two CTAs
+and merge their halves of the output in the kernel (``_pair_epilogue``), which saves the
+combine launch: 30.3-30.6 against 32.4 µs at B=64 / top-k 512 (NOTES.md v12).
+
 Shared memory at BT 64: Q 64 KB + two K tiles 128 KB + P 8 KB + the ring 21.4 KB = 222 KB.
 Key ranges, split-K, partials, combine and outputs are ``wg``'s (``sparse_decode.py``).
 """
@@ -610,7 +614,8 @@ def launch_ws(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len:
         **flags, HAS_SINK=has_sink, NSPLIT=nsplit, SCALED=scaled, BT=4 * _QT,
         A_LOG2=page_log2(a.ps), B_LOG2=page_log2(bk.ps), num_warps=8,
     )
-    if pair and nsplit == 2 and scaled and \
+    # (the pair grid puts rows on y, whose CUDA limit is 65535)
+    if pair and nsplit == 2 and scaled and rows <= 65535 and \
             _launch_pairs((2, rows, (h + 63) // 64), dict(args, PAIR=True)):
         return True
     _sparse_decode_ws_kernel[(rows, (h + 63) // 64, nsplit)](**args, PAIR=False)
