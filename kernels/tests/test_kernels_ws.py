@@ -11,6 +11,8 @@ cannot run. The compile runs in a subprocess, outside this suite's ``TRITON_INTE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -111,3 +113,95 @@ def test_automatic_choice_takes_ws_on_power_of_two_pages(
     assert compare_decode(o, lse, *ref_sparse_decode(**case.kwargs()))["ok"]
     assert len(refusals) == 1
     assert f"variant '{chosen}' is a Gluon kernel" in str(refusals[0])
+
+
+class _FakeCompiled:
+    """What ``_launch_pairs`` uses of Triton's compiled kernel, recording the launch."""
+
+    def __init__(self, meta: object) -> None:
+        self.packed_metadata = meta
+        self.function = "fn"
+        self.launches: list[tuple] = []
+
+    @property
+    def run(self) -> Callable[..., None]:
+        return lambda *a: self.launches.append(a)
+
+    def launch_metadata(self, grid: tuple, stream: int, *values: object) -> None:
+        return None
+
+
+class _FakeKernel:
+    """Stands in for the Gluon kernel: records warmups and plain launches (CPU: nothing runs)."""
+
+    def __init__(self, arg_names: list[str], meta: object) -> None:
+        self.arg_names = arg_names
+        self.compiled = _FakeCompiled(meta)
+        self.warmups: list[tuple] = []
+        self.plain: list[tuple] = []
+
+    def warmup(self, *, grid: tuple, **kw: object) -> _FakeCompiled:
+        self.warmups.append((grid, kw))
+        return self.compiled
+
+    def __getitem__(self, grid: tuple) -> Callable[..., None]:
+        return lambda **kw: self.plain.append((grid, kw))
+
+
+def _launch(monkeypatch: pytest.MonkeyPatch, *, rows: int, nsplit: int, scaled: bool,
+            pair: bool, meta: object = (8, 1, 227364)) -> tuple[_FakeKernel, bool]:
+    from types import SimpleNamespace
+
+    from dsv4_kernels import ws_decode as w
+    from dsv4_kernels.sparse_decode import _Keys
+
+    fake = _FakeKernel(list(w._sparse_decode_ws_kernel.arg_names), meta)
+    monkeypatch.setattr(w, "_sparse_decode_ws_kernel", fake)
+    monkeypatch.setattr(w, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda dev: 1234)))
+    q2 = torch.zeros(rows, 64, 512, dtype=torch.bfloat16, device="meta")
+    idx = torch.zeros(rows, 1, 128, dtype=torch.int32, device="meta")
+    u8 = torch.zeros(2, 256 * 584, dtype=torch.uint8, device="meta")
+    keys = _Keys(u8, u8, idx, None, 128, 256, 256 * 584)
+    f32 = torch.zeros(1, device="meta")
+    done = w.launch_ws(q2, keys, keys, f32, f32, f32, q2, f32, f32, f32, f32, 64, 1, 0.1,
+                       dict(A_HAS_LEN=False, HAS_B=True, B_HAS_LEN=False), True, nsplit,
+                       scaled, pair=pair)
+    return fake, done
+
+
+def test_ws_pair_is_launched_as_clusters_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two scaled splits: compiled (not launched) through ``warmup``, then launched through
+    the compiled kernel's launcher with a grid of (1, rows, head blocks) and packed metadata
+    asking for 2 CTAs per cluster (the launcher multiplies x by it), every argument in the
+    kernel's order; no combine is needed."""
+    fake, done = _launch(monkeypatch, rows=64, nsplit=2, scaled=True, pair=True)
+    assert done and not fake.plain
+    (grid, kw), = fake.warmups
+    assert grid == (2, 64, 1) and kw["PAIR"] is True and kw["NSPLIT"] == 2
+    (launch,) = fake.compiled.launches
+    gx, gy, gz, stream, fn, meta, _, _, _, *values = launch
+    assert (gx, gy, gz, stream, fn, meta) == (1, 64, 1, 1234, "fn", (8, 2, 227364))
+    assert values == [kw[name] for name in fake.arg_names]
+    assert values[fake.arg_names.index("PAIR")] is True
+
+
+@pytest.mark.parametrize(("rows", "nsplit", "scaled", "pair", "meta", "complete"), [
+    (64, 2, True, False, (8, 1, 227364), False),   # pair=False: the combine
+    (64, 2, False, True, (8, 1, 227364), False),   # fp32 partials: the pair merges fp16 ones
+    (64, 3, True, True, (8, 1, 227364), False),    # three splits
+    (70000, 2, True, True, (8, 1, 227364), False),  # rows past the y-grid limit
+    (64, 2, True, True, None, False),              # a launcher without packed metadata
+    (64, 1, False, True, (8, 1, 227364), True),    # one split: complete, no combine
+])
+def test_ws_falls_back_to_the_plain_launch(monkeypatch: pytest.MonkeyPatch, rows: int,
+                                           nsplit: int, scaled: bool, pair: bool,
+                                           meta: object, complete: bool) -> None:
+    """Wherever the pair cannot run, the ordinary grid (rows, head blocks, splits) runs with
+    PAIR off, and the caller is told whether the combine must follow."""
+    fake, done = _launch(monkeypatch, rows=rows, nsplit=nsplit, scaled=scaled, pair=pair,
+                         meta=meta)
+    assert done is complete
+    assert not fake.compiled.launches
+    (grid, kw), = fake.plain
+    assert grid == (rows, 1, nsplit) and kw["PAIR"] is False
