@@ -574,11 +574,13 @@ def _sparse_decode_ws_kernel(
 def _launch_pairs(grid: tuple[int, int, int], args: dict) -> bool:
     """Launch the ``PAIR`` kernel as clusters of two CTAs; False where this Triton cannot.
 
-    The kernel is compiled as an ordinary one-CTA program (``num_ctas=2`` would make Triton
-    spread every tensor over the cluster and keep only one CTA's stores); the cluster is asked
-    for at launch only. Triton 3.6 and 3.9 launchers read the CTAs per cluster from the
-    kernel's packed metadata (num_warps, num_ctas, shared memory) and launch ``grid[0] x
-    num_ctas`` CTAs along x in clusters of ``num_ctas``, so this hands them a copy with 2."""
+    The kernel is compiled as an ordinary one-CTA program: Gluon's ``num_ctas`` means multi-CTA
+    layouts (triton-lang/triton#8587), under which a tensor not split over the cluster is
+    replicated and its global stores kept for one CTA only (the PTX predicates them on the CTA
+    rank; a CPU probe, NOTES.md v12). The cluster is asked for at launch only. Triton 3.6 and
+    3.9 launchers read the CTAs per cluster from the kernel's packed metadata (num_warps,
+    num_ctas, shared memory) and launch ``grid[0] x num_ctas`` CTAs along x in clusters of
+    ``num_ctas``, so this hands them a copy with 2."""
     kernel = _sparse_decode_ws_kernel
     compiled = kernel.warmup(grid=grid, **args)  # compiles (or finds) it; launches nothing
     if hasattr(compiled, "result"):  # an asynchronous compile's future
