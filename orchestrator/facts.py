@@ -61,8 +61,17 @@ class Facts(_Frozen):
     )
 
     def fingerprint(self) -> str:
-        """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.
+
+        Disks enter with their path and size but not their free space. Free space moves on a live
+        host (logs, caches), and even rounded down to whole GiB (``remote.probes``) it crosses a
+        boundary now and then: a CI run saw a saved plan refused as stale with nothing else
+        changed. Apply compares free space with what the plan needs instead
+        (``apply.steps.stale_reason``)."""
+        data = self.model_dump(mode="json")
+        for disk in data["disks"]:
+            del disk["free_bytes"]
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -237,7 +237,28 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
         prints.add(narrow.fingerprint())
     if plan.facts_fingerprint not in prints:
         return "the host's facts (GPUs, disks, models, ports or units) changed since planning"
+    # free space is not in the fingerprint (Facts.fingerprint): what matters is that the
+    # checkpoint still fits where the plan puts it
+    from orchestrator.planner.checks import gb
+
+    for row in plan.disks:
+        disk = next((d for d in facts.disks if d.path == row.path), None)
+        if not row.present and disk is not None and disk.free_bytes < row.needed_bytes:
+            return (f"{row.path} has {gb(disk.free_bytes)} free now, and the checkpoint needs "
+                    f"{gb(row.needed_bytes)} (the plan saw {gb(row.free_bytes)} free)")
     return None
+
+
+def _refuse_if_applied(ctx: Context, plan: Plan,
+                       records: list[ReleaseRecord] | None = None) -> None:
+    """StalePlan if a release was made from this very plan (records read without the lock when
+    not given: a read-only look, before the facts' staleness is reported)."""
+    records = ctx.store.read_records() if records is None else records
+    pid = plan_id(plan)
+    done = [r for r in records if r.plan_id == pid]
+    if done:
+        raise StalePlan(f"this plan was already applied as release {done[-1].id} "
+                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
 
 
 def preflight(ctx: Context, step: Any) -> Outcome:
@@ -257,6 +278,9 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                               model_paths=[ctx.deployment.model_path])
         why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
         if why:
+            if plan.current_release == facts.current_release:
+                # the host's facts moved, but this very plan was applied already: say that
+                _refuse_if_applied(ctx, plan)
             raise StalePlan(f"saved plan is stale: {why}",
                             fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} -o PLAN.json")
     ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
@@ -270,11 +294,8 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                         f"against {plan.current_release or 'none'}",
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
     ctx.records = ctx.store.read_records()
-    pid = plan_id(plan)
-    done = [r for r in ctx.records if r.plan_id == pid]
-    if done and ctx.saved_plan:
-        raise StalePlan(f"this plan was already applied as release {done[-1].id} "
-                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+    if ctx.saved_plan:
+        _refuse_if_applied(ctx, plan, ctx.records)
     ctx.from_release = current
     if current is not None:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)

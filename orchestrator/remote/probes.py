@@ -114,9 +114,10 @@ GIB = 1 << 30
 
 def parse_disks(stdout: str) -> list[DiskFact]:
     """Free space is rounded *down* to whole GiB: it moves by kilobytes every second on a live
-    host (logs), and facts are part of a saved plan's fingerprint, so exact bytes would make every
-    saved plan stale. A GiB is far below what a checkpoint decision turns on (tens of GB), and
-    rounding down never overstates the room."""
+    host (logs), so exact bytes would make plans of the same host differ from run to run. A GiB is
+    far below what a checkpoint decision turns on (tens of GB), and rounding down never overstates
+    the room. (It is left out of the facts' fingerprint: a boundary still gets crossed now and
+    then; apply compares it with what the plan needs, ``apply.steps.stale_reason``.)"""
     out: list[DiskFact] = []
     path: str | None = None
     for line in stdout.splitlines():

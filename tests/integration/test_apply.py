@@ -266,10 +266,19 @@ def test_never_ready_rolls_back_and_old_release_serves(env: Env,
     assert all(steps[f"rollback:{s}"] == "ok" for s in ("stop", "switch", "start", "health"))
     assert "not healthy" in next(e["error"] for e in rec["journal"] if e["step"] == "health")
     assert any(e["kind"] == "rollback-to" for e in env.record(r1)["events"])
-    # the same saved plan cannot be applied again
+    # the same saved plan cannot be applied again, and that is what apply says even when the
+    # host's facts changed too (here a GPU gone)
+    from tests.sim.nvidia_smi import default_config
+
     capsys.readouterr()
     assert env.cli("apply", str(plan_path)) == ExitCode.STALE_PLAN
     assert "already applied" in capsys.readouterr().err
+    env.fake.set_gpus(default_config(7))
+    try:
+        assert env.cli("apply", str(plan_path)) == ExitCode.STALE_PLAN
+        assert "already applied as release " + r2 in capsys.readouterr().err
+    finally:
+        env.fake.set_gpus(default_config(8))
     assert env.lock_free()
 
 
