@@ -174,6 +174,28 @@ def _wg_store_rows(ptr, row_off, hmask, x, buf):
 
 
 @gluon.jit
+def _wg_normalize(acc, m_i, l_i, O_L: gl.constexpr):
+    """The accumulator divided by the row sums, each row's base-2 LSE (-inf without keys) and
+    whether it had keys, in O_L's row slice."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
+    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
+    has = l_o > 0.0
+    safe_l = gl.where(has, l_o, 1.0)
+    o = acc / gl.expand_dims(safe_l, 1)
+    return o, gl.where(has, m_o + gl.log2(safe_l), float("-inf")), has
+
+
+@gluon.jit
+def _wg_scale(o):
+    """Each row divided by 2^k, k = ceil(log2 max |row|) clamped to [-126, 126], for fp16
+    partials (``_store_full`` in sparse_decode.py); returns the scaled rows and k."""
+    amax = gl.max(gl.abs(o), axis=1)
+    k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
+    k = gl.minimum(gl.maximum(k, -126.0), 126.0)
+    return o * gl.expand_dims(gl.exp2(-k), 1), k
+
+
+@gluon.jit
 def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride_or, stride_oh,
                  lse_ptr, op_ptr, lp_ptr, ks_ptr, q_s, O_L: gl.constexpr,
                  HAS_SINK: gl.constexpr, NSPLIT: gl.constexpr, SCALED: gl.constexpr):
@@ -182,12 +204,7 @@ def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride
     LSE for the combine. ``q_s`` is the free Q buffer, used to stage 16-byte stores."""
     heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
     hmask = heads < H
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
-    has = l_o > 0.0
-    safe_l = gl.where(has, l_o, 1.0)
-    o = acc / gl.expand_dims(safe_l, 1)
-    lse2 = gl.where(has, m_o + gl.log2(safe_l), float("-inf"))
+    o, lse2, has = _wg_normalize(acc, m_i, l_i, O_L)
     if NSPLIT == 1:
         lse = lse2 * 0.6931471805599453
         if HAS_SINK:
@@ -200,10 +217,7 @@ def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride
     else:
         prow = (r * NSPLIT + sp).to(gl.int64) * H
         if SCALED:
-            amax = gl.max(gl.abs(o), axis=1)
-            k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
-            k = gl.minimum(gl.maximum(k, -126.0), 126.0)
-            o = o * gl.expand_dims(gl.exp2(-k), 1)
+            o, k = _wg_scale(o)
             gl.store(ks_ptr + prow + heads, k, mask=hmask)
         _wg_store_rows(op_ptr, (prow + heads) * 512, hmask, o, q_s)
         gl.store(lp_ptr + prow + heads, lse2, mask=hmask)

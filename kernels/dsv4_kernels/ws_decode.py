@@ -50,6 +50,8 @@ from .wg_decode import (
     _model1_slots,
     _split_range,
     _wg_epilogue,
+    _wg_normalize,
+    _wg_scale,
     _wg_softmax_pv,
 )
 
@@ -373,16 +375,8 @@ def _pair_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stri
     the output: split 0 columns 0-255 (its first warpgroup's), split 1 columns 256-511."""
     heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
     hmask = heads < H
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
-    has = l_o > 0.0
-    safe_l = gl.where(has, l_o, 1.0)
-    o = acc / gl.expand_dims(safe_l, 1)
-    lse2 = gl.where(has, m_o + gl.log2(safe_l), float("-inf"))
-    amax = gl.max(gl.abs(o), axis=1)
-    k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
-    k = gl.minimum(gl.maximum(k, -126.0), 126.0)
-    o = o * gl.expand_dims(gl.exp2(-k), 1)
+    o, lse2, _ = _wg_normalize(acc, m_i, l_i, O_L)
+    o, k = _wg_scale(o)
     prow = (r * 2 + sp).to(gl.int64) * H
     gl.store(ks_ptr + prow + heads, k, mask=hmask)
     gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
