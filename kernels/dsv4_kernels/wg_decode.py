@@ -67,7 +67,13 @@ def _wg_load_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, BT: gl.constexpr,
                  ROWS: gl.constexpr):
     """Indices of tile ``t`` ([BT] in layout ``ROWS``; -1 where invalid or past the list or
     the split)."""
-    rows = gl.arange(0, BT, layout=ROWS)
+    return _tile_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, gl.arange(0, BT, layout=ROWS), BT)
+
+
+@gluon.jit
+def _tile_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, rows, BT: gl.constexpr):
+    """Indices of keys ``rows`` of tile ``t`` in whichever list the tile belongs to (-1 where
+    invalid or past the list or the split); ``ws`` loads them a quarter tile at a time."""
     if t < tiles_a:
         offs = t * BT + rows
         idx = gl.load(a_row + offs, mask=(offs < n_a) & (t < hi), other=-1)

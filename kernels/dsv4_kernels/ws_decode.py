@@ -49,6 +49,7 @@ from .wg_decode import (
     _cta_barrier,
     _model1_slots,
     _split_range,
+    _tile_idx,
     _wg_epilogue,
     _wg_normalize,
     _wg_scale,
@@ -142,14 +143,8 @@ def _cluster_size():
 def _load_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, h0, BT: gl.constexpr):
     """Indices of keys [h0, h0 + 16) of tile ``t`` (-1 where invalid, past the list or the
     split)."""
-    rows = h0 + gl.arange(0, _QT, layout=_idx_layout())
-    if t < tiles_a:
-        offs = t * BT + rows
-        idx = gl.load(a_row + offs, mask=(offs < n_a) & (t < hi), other=-1)
-    else:
-        offs = (t - tiles_a) * BT + rows
-        idx = gl.load(b_row + offs, mask=(offs < n_b) & (t < hi), other=-1)
-    return idx
+    return _tile_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi,
+                     h0 + gl.arange(0, _QT, layout=_idx_layout()), BT)
 
 
 @gluon.jit
