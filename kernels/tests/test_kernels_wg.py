@@ -82,7 +82,8 @@ def test_wg_refuses_page_bytes_it_cannot_copy(gen: torch.Generator) -> None:
 
 
 def test_automatic_choice_falls_back_to_local_when_wg_is_refused(
-        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch,
+        refusals: list[str | None]) -> None:
     """On an sm_90 device the automatic choice is wg; where wg refuses the inputs (here: the
     interpreter, and a page stride it cannot copy) the call runs ``local`` instead of failing,
     and the result matches the reference."""
@@ -92,14 +93,6 @@ def test_automatic_choice_falls_back_to_local_when_wg_is_refused(
 
     monkeypatch.setattr(sd, "device_arch", lambda t: 90)
     monkeypatch.setattr(sd, "_gluon_ok", lambda: True)
-    refusals: list[str | None] = []
-    real = sd._wg_refusal
-
-    def spy(*args: object) -> str | None:
-        refusals.append(real(*args))  # type: ignore[arg-type]
-        return refusals[-1]
-
-    monkeypatch.setattr(sd, "_wg_refusal", spy)
     case = make_decode_case(gen, batch=8, heads=16, topk=32, extra_topk=48, page_size=61)
     ro, rl = ref_sparse_decode(**case.kwargs())
     for cache in (case.k_cache, _odd_stride(case.k_cache)):

@@ -86,8 +86,8 @@ def test_ws_page_log2() -> None:
 @pytest.mark.parametrize(("page_size", "extra_page_size", "chosen"),
                          [(64, 16, "ws"), (64, 48, "wg"), (61, 64, "wg")])
 def test_automatic_choice_takes_ws_on_power_of_two_pages(
-        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, page_size: int,
-        extra_page_size: int, chosen: str) -> None:
+        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, refusals: list[str | None],
+        page_size: int, extra_page_size: int, chosen: str) -> None:
     """On an sm_90 device the automatic choice at 8 programs is ws when both caches have pages
     of 2^k tokens and wg when either has not (the page sizes travel from the caches to the
     choice); under the interpreter the chosen kernel refuses with its own name and the call
@@ -99,14 +99,6 @@ def test_automatic_choice_takes_ws_on_power_of_two_pages(
     monkeypatch.setattr(sd, "device_arch", lambda t: 90)
     monkeypatch.setattr(sd, "_gluon_ok", lambda: True)
     monkeypatch.setattr(sd, "_gluon_ws_ok", lambda: True)
-    refusals: list[str | None] = []
-    real = sd._wg_refusal
-
-    def spy(*args: object) -> str | None:
-        refusals.append(real(*args))  # type: ignore[arg-type]
-        return refusals[-1]
-
-    monkeypatch.setattr(sd, "_wg_refusal", spy)
     case = make_decode_case(gen, batch=8, heads=16, topk=32, extra_topk=48,
                             page_size=page_size, extra_page_size=extra_page_size)
     o, lse = sd.sparse_mla_decode(**case.kwargs())

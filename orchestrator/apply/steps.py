@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, RemoteError, StalePlan
 from orchestrator.facts import Facts
+from orchestrator.planner.checks import gb
 from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
@@ -239,8 +240,6 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
         return "the host's facts (GPUs, disks, models, ports or units) changed since planning"
     # free space is not in the fingerprint (Facts.fingerprint): what matters is that the
     # checkpoint still fits where the plan puts it
-    from orchestrator.planner.checks import gb
-
     for row in plan.disks:
         disk = next((d for d in facts.disks if d.path == row.path), None)
         if not row.present and disk is not None and disk.free_bytes < row.needed_bytes:
