@@ -180,25 +180,29 @@ def _wg_store_rows(ptr, row_off, hmask, x, buf):
 
 
 @gluon.jit
-def _wg_normalize(acc, m_i, l_i, O_L: gl.constexpr):
-    """The accumulator divided by the row sums, each row's base-2 LSE (-inf without keys) and
-    whether it had keys, in O_L's row slice."""
+def _wg_rows(m_i, l_i, O_L: gl.constexpr):
+    """Per row, in O_L's row slice: the reciprocal of the row sum (1 without keys), the base-2
+    LSE (-inf without keys) and whether the row had keys. The epilogues multiply each row by
+    one factor rather than dividing every element: a full-range fp32 division costs four
+    instructions an element, which the one warp per scheduler running the epilogue issues
+    back to back (NOTES.md v13)."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
     m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
     has = l_o > 0.0
     safe_l = gl.where(has, l_o, 1.0)
-    o = acc / gl.expand_dims(safe_l, 1)
-    return o, gl.where(has, m_o + gl.log2(safe_l), float("-inf")), has
+    return 1.0 / safe_l, gl.where(has, m_o + gl.log2(safe_l), float("-inf")), has
 
 
 @gluon.jit
-def _wg_scale(o):
-    """Each row divided by 2^k, k = ceil(log2 max |row|) clamped to [-126, 126], for fp16
-    partials (``_store_full`` in sparse_decode.py); returns the scaled rows and k."""
-    amax = gl.max(gl.abs(o), axis=1)
+def _wg_scale(acc, inv):
+    """The fp16 partial's row exponent k = ceil(log2 max |row|) (clamped to [-126, 126]) of the
+    normalized rows ``acc * inv``, and the one factor ``inv * 2^-k`` that both normalizes and
+    scales them (``_store_full`` in sparse_decode.py). Scaling by a positive factor keeps the
+    order of magnitudes, so the maximum is taken on ``acc`` once."""
+    amax = gl.max(gl.abs(acc), axis=1) * inv
     k = gl.ceil(gl.log2(gl.where(amax > 0.0, amax, 1.0)))
     k = gl.minimum(gl.maximum(k, -126.0), 126.0)
-    return o * gl.expand_dims(gl.exp2(-k), 1), k
+    return k, inv * gl.exp2(-k)
 
 
 @gluon.jit
@@ -210,21 +214,23 @@ def _wg_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stride
     LSE for the combine. ``q_s`` is the free Q buffer, used to stage 16-byte stores."""
     heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
     hmask = heads < H
-    o, lse2, has = _wg_normalize(acc, m_i, l_i, O_L)
+    inv, lse2, has = _wg_rows(m_i, l_i, O_L)
     if NSPLIT == 1:
         lse = lse2 * 0.6931471805599453
         if HAS_SINK:
             sink = gl.load(sink_ptr + heads, mask=hmask, other=0.0).to(gl.float32)
-            o = o * gl.expand_dims(1.0 / (1.0 + gl.exp(sink - lse)), 1)
-        o = gl.where(gl.expand_dims(has, 1), o, 0.0)
+            inv = inv / (1.0 + gl.exp(sink - lse))
+        # a row without keys has a zero accumulator (every P was 0 against finite values)
+        o = acc * gl.expand_dims(gl.where(has, inv, 0.0), 1)
         lse = gl.where(has, lse, float("inf"))
         _wg_store_rows(o_ptr, r.to(gl.int64) * stride_or + heads * stride_oh, hmask, o, q_s)
         gl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q), lse, mask=hmask)
     else:
         prow = (r * NSPLIT + sp).to(gl.int64) * H
         if SCALED:
-            o, k = _wg_scale(o)
+            k, inv = _wg_scale(acc, inv)
             gl.store(ks_ptr + prow + heads, k, mask=hmask)
+        o = acc * gl.expand_dims(inv, 1)
         _wg_store_rows(op_ptr, (prow + heads) * 512, hmask, o, q_s)
         gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
 

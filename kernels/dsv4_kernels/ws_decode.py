@@ -51,7 +51,7 @@ from .wg_decode import (
     _split_range,
     _tile_idx,
     _wg_epilogue,
-    _wg_normalize,
+    _wg_rows,
     _wg_scale,
     _wg_softmax_pv,
 )
@@ -370,8 +370,9 @@ def _pair_epilogue(acc, m_i, l_i, r, hb, sp, bidx, H, s_q, sink_ptr, o_ptr, stri
     the output: split 0 columns 0-255 (its first warpgroup's), split 1 columns 256-511."""
     heads = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_L))
     hmask = heads < H
-    o, lse2, _ = _wg_normalize(acc, m_i, l_i, O_L)
-    o, k = _wg_scale(o)
+    inv, lse2, _ = _wg_rows(m_i, l_i, O_L)
+    k, f = _wg_scale(acc, inv)
+    o = acc * gl.expand_dims(f, 1)
     prow = (r * 2 + sp).to(gl.int64) * H
     gl.store(ks_ptr + prow + heads, k, mask=hmask)
     gl.store(lp_ptr + prow + heads, lse2, mask=hmask)
@@ -397,8 +398,9 @@ def _pair_merge(view, lse2, k, r, hb, bidx, H, s_q, prow, qrow, sink_ptr, o_ptr,
                 stride_oh, lse_ptr, op_ptr, lp_ptr, ks_ptr, KEEP: gl.constexpr,
                 HAS_SINK: gl.constexpr):
     """``_pair_epilogue`` for the CTA that merges columns KEEP .. KEEP + 255 (KEEP = 0: split
-    0). The arithmetic is ``_combine_kernel``'s with split 0's terms first in both CTAs, so
-    results do not depend on which CTA merges or finishes first."""
+    0). The weights are ``_combine_kernel``'s, folded into one factor a row and split; split
+    0's term comes first in both CTAs, so results do not depend on which CTA merges or
+    finishes first."""
     HL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     SEND: gl.constexpr = 256 - KEEP
     hh = hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, HL))
@@ -430,18 +432,20 @@ def _pair_merge(view, lse2, k, r, hb, bidx, H, s_q, prow, qrow, sink_ptr, o_ptr,
     w0 = gl.exp2(lp0 - gm)
     w1 = gl.exp2(lp1 - gm)
     tot = w0 + w1
-    w0 = w0 * gl.exp2(k0)
-    w1 = w1 * gl.exp2(k1)
-    merged = gl.expand_dims(w0, 1) * o0 + gl.expand_dims(w1, 1) * o1
     ok = tot > 0.0
     safe = gl.where(ok, tot, 1.0)
-    out = merged / gl.expand_dims(safe, 1)
     lse = (gl.log2(safe) + gm) * 0.6931471805599453
+    # one factor a row and split (weight, exponent, 1 / sum, sink), so each element costs a
+    # multiply and a fused multiply-add (_wg_rows says why)
+    inv = 1.0 / safe
     if HAS_SINK:
-        out = out * gl.expand_dims(1.0 / (1.0 + gl.exp(sink - lse)), 1)
-    out = gl.where(gl.expand_dims(ok, 1), out, 0.0)
+        inv = inv / (1.0 + gl.exp(sink - lse))
+    inv = gl.where(ok, inv, 0.0)
     # NaN, loudly, if a launch path ever loses the cluster: the partner's half would be stale
-    out = gl.where(_cluster_size() == 2, out, float("nan"))
+    inv = gl.where(_cluster_size() == 2, inv, float("nan"))
+    c0 = w0 * gl.exp2(k0) * inv
+    c1 = w1 * gl.exp2(k1) * inv
+    out = o0 * gl.expand_dims(c0, 1) + o1 * gl.expand_dims(c1, 1)
     gl.store(o_ptr + r.to(gl.int64) * stride_or + gl.expand_dims(hh * stride_oh, 1) + KEEP
              + gl.expand_dims(cols, 0), out.to(o_ptr.dtype.element_ty), mask=hv2)
     if KEEP == 0:
