@@ -4,8 +4,8 @@ PTX, for the CPU tests of ``wg`` and ``ws`` (the interpreter cannot run Gluon).
 ``compile_sm90(module, kernel, consts)`` runs the compile in a subprocess, because the test
 suite sets ``TRITON_INTERPRET=1``, under which Gluon code cannot be compiled. It returns the
 shared memory Triton allocates, the count of each wgmma shape, the ``setmaxnreg`` values and
-the number of ``cp.async`` copies, of cluster-barrier arrivals and waits in the PTX, and the
-bytes of stack ptxas gives it (spills; from ``cuobjdump -res-usage``).
+the number of ``cp.async`` copies, of cluster-barrier arrivals and waits and of fp32 divisions
+in the PTX, and the bytes of stack ptxas gives it (spills; from ``cuobjdump -res-usage``).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes, "setmaxnreg": re
                   "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
                   "cluster_arrive": len(re.findall(r"barrier\.cluster\.arrive", ptx)),
                   "cluster_wait": len(re.findall(r"barrier\.cluster\.wait", ptx)),
+                  "div_f32": len(re.findall(r"\bdiv\.(?:full|rn|approx)\.f32", ptx)),
                   "stack": stack}))
 """
 

@@ -38,6 +38,12 @@ def test_ws_compiles_for_sm90_with_a_producer_warpgroup(nsplit: int, scaled: boo
     assert 128 in out["setmaxnreg"], out  # the producer warpgroup's register cut
     assert out["cp_async"] > 0, out
     assert out["cluster_arrive"] == out["cluster_wait"] == 0, out  # no pair: no cluster
+    assert out["div_f32"] < _PER_ELEMENT_DIVISIONS, out
+
+
+# The epilogues scale each row by one factor (NOTES.md v13): a division per element of the
+# [64, 512] tile would be 128 a thread (one split) or more, against a few dozen per row.
+_PER_ELEMENT_DIVISIONS = 64
 
 
 def test_ws_pair_merges_through_one_cluster_barrier_per_thread() -> None:
@@ -56,6 +62,7 @@ def test_ws_pair_merges_through_one_cluster_barrier_per_thread() -> None:
     assert out["wgmma"] == plain["wgmma"], out
     assert out["cluster_arrive"] == out["cluster_wait"] == 3, out
     assert out["stack"] <= plain["stack"] + 64, (out, plain)
+    assert out["div_f32"] < _PER_ELEMENT_DIVISIONS, out  # nor in the merge
 
 
 def test_ws_is_refused_where_it_cannot_run(gen: torch.Generator) -> None:
