@@ -217,14 +217,17 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
     dd = tl.arange(0, 512)
     has = l_i > 0.0
     safe_l = tl.where(has, l_i, 1.0)
-    o = acc / safe_l[:, None]
+    # one factor a row, not a division an element: a full-range fp32 division is four
+    # instructions an element (NOTES.md v13)
+    f = 1.0 / safe_l
     lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
     if NSPLIT == 1:
         lse = lse2 * 0.6931471805599453
         if HAS_SINK:
             sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
-            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-        o = tl.where(has[:, None], o, 0.0)
+            f = f / (1.0 + tl.exp(sink - lse))
+        # a row without keys has a zero accumulator (every P was 0 against finite values)
+        o = acc * tl.where(has, f, 0.0)[:, None]
         lse = tl.where(has, lse, float("inf"))
         tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=hmask[:, None])
@@ -232,14 +235,16 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
     else:
         prow = (r * NSPLIT + sp).to(tl.int64) * H
         if SCALED:
-            amax = tl.max(tl.abs(o), axis=1)
+            # the normalized rows' maximum, taken on acc (a positive factor keeps the order)
+            amax = tl.max(tl.abs(acc), axis=1) * f
             # k = 0 for an all-zero head (log2 1); clamped so that 2^-k stays a normal fp32
             # number. A power of two: the scaling adds no rounding beyond exp2's own, which is
             # far below fp16's.
             k = tl.ceil(tl.math.log2(tl.where(amax > 0.0, amax, 1.0)))
             k = tl.minimum(tl.maximum(k, -126.0), 126.0)
-            o = o * tl.math.exp2(-k)[:, None]
+            f = f * tl.math.exp2(-k)
             tl.store(ks_ptr + prow + heads, k, mask=hmask)
+        o = acc * f[:, None]
         tl.store(op_ptr + (prow + heads[:, None]) * 512 + dd[None, :],
                  o.to(op_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
@@ -956,11 +961,11 @@ def _combine_kernel(
         acc += w[:, None] * o
     has = tot > 0.0
     safe = tl.where(has, tot, 1.0)
-    out = acc / safe[:, None]
     lse = (tl.math.log2(safe) + gm) * 0.6931471805599453
+    f = 1.0 / safe  # one factor a row (_store_full says why)
     if HAS_SINK:
-        out = out * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-    out = tl.where(has[:, None], out, 0.0)
+        f = f / (1.0 + tl.exp(sink - lse))
+    out = acc * tl.where(has, f, 0.0)[:, None]
     lse = tl.where(has, lse, float("inf"))
     tl.store(o_ptr + r.to(tl.int64) * stride_or + heads[:, None] * stride_oh + dd[None, :],
              out.to(o_ptr.dtype.element_ty), mask=hmask[:, None])

@@ -6,11 +6,14 @@ cluster of two CTAs (``ws``, the default) against the same splits merged by the 
 (CUDA-graph replays, L2 flushed, as in the bench) against an eager call for bit-identical
 output. One JSON line per case and variant; each variant runs twice.
 
-``python kernels/tools/ws_probe.py`` (PYTHONPATH=kernels).
+``python kernels/tools/ws_probe.py [--variants pf,full,local] [--shapes 0,1,5]``
+(PYTHONPATH=kernels): other variants (``NAME-combine``: two or more splits merged by the combine
+launch), and a subset of SHAPES by index.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
@@ -30,15 +33,23 @@ VARIANTS = ("wg", "ws", "ws-combine")
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated, e.g. pf,full,local (default: %(default)s)")
+    ap.add_argument("--shapes", default=None,
+                    help="comma-separated indices into SHAPES (default: all)")
+    args = ap.parse_args()
+    variants = tuple(args.variants.split(","))
+    picked = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     timer = Timer(torch.device("cuda"))
     g = torch.Generator().manual_seed(3)
-    for bsz, topk, heads, lengths, ps, eps, nsplit, sink in SHAPES:
+    for bsz, topk, heads, lengths, ps, eps, nsplit, sink in picked:
         c = make_decode_case(g, batch=bsz, heads=heads, topk=SWA, extra_topk=topk,
                              page_size=ps, extra_page_size=eps, lengths=lengths, sink=sink,
                              invalid_frac=0.1 if lengths == "random" else 0.0, device="cuda")
         kw = c.kwargs()
         ro, rl = ref_sparse_decode(**kw)
-        for name in VARIANTS + VARIANTS:
+        for name in variants + variants:
             cfg = sd.DecodeConfig(variant=name.split("-")[0], nsplit=nsplit,
                                   pair=not name.endswith("-combine"))
             row: dict = {"shape": f"{bsz}:{topk} h{heads} {lengths} ps{ps}/{eps} "
