@@ -40,7 +40,17 @@ def main() -> None:
                     help="comma-separated indices into SHAPES (default: all)")
     args = ap.parse_args()
     variants = tuple(args.variants.split(","))
-    picked = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+    unknown = [v for v in variants if v.removesuffix("-combine") not in sd._VARIANT_TILES]
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from "
+                 f"{', '.join(sorted(sd._VARIANT_TILES))}, each optionally with -combine")
+    picked = SHAPES
+    if args.shapes:
+        idx = args.shapes.split(",")
+        bad = [i for i in idx if not (i.isdigit() and int(i) < len(SHAPES))]
+        if bad:
+            ap.error(f"--shapes: {', '.join(bad)} not an index of SHAPES (0-{len(SHAPES) - 1})")
+        picked = [SHAPES[int(i)] for i in idx]
     timer = Timer(torch.device("cuda"))
     g = torch.Generator().manual_seed(3)
     for bsz, topk, heads, lengths, ps, eps, nsplit, sink in picked:
@@ -50,7 +60,7 @@ def main() -> None:
         kw = c.kwargs()
         ro, rl = ref_sparse_decode(**kw)
         for name in variants + variants:
-            cfg = sd.DecodeConfig(variant=name.split("-")[0], nsplit=nsplit,
+            cfg = sd.DecodeConfig(variant=name.removesuffix("-combine"), nsplit=nsplit,
                                   pair=not name.endswith("-combine"))
             row: dict = {"shape": f"{bsz}:{topk} h{heads} {lengths} ps{ps}/{eps} "
                                   f"splits {nsplit or 'auto'} sink {sink}", "variant": name}
