@@ -18,7 +18,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip -q --disable-pip-version-check)
 
-if ! .venv/bin/python -c 'import orchestrator, pydantic, fabric' 2>/dev/null; then
+if ! .venv/bin/python -c 'import orchestrator, pydantic, fabric, aiohttp' 2>/dev/null; then
   log "installing dsv4ctl (editable) with the dev extra"
   "${pip[@]}" install -e '.[dev]'
 fi

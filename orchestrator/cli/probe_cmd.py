@@ -45,10 +45,10 @@ def _lengths(text: str) -> list[int]:
     return out
 
 
-def _endpoint(url: str, api_key: str | None, timeout: float) -> Any:
+def _endpoint(url: str, api_key: str | None, timeout: float, deadline: float) -> Any:
     from orchestrator.probes.client import Endpoint
 
-    return Endpoint(url, api_key=api_key, timeout_s=timeout)
+    return Endpoint(url, api_key=api_key, timeout_s=timeout, deadline_s=max(deadline, timeout))
 
 
 _common = [
@@ -61,6 +61,8 @@ _common = [
                  help="Bearer token, if the server wants one."),
     click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1),
                  help="Seconds to wait for any single read."),
+    click.option("--deadline", default=3600.0, show_default=True, type=click.FloatRange(min=1),
+                 help="Seconds any one request (a streamed one included) may take in all."),
     click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
 ]
 
@@ -89,7 +91,8 @@ def probe() -> None:
               help="Also write a PNG heatmap (green recalled, red missed, grey error).")
 @click.option("--min-full-recall", type=int, default=None,
               help="Exit 1 unless every cell up to this length is recalled.")
-def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
+             deadline: float, as_json: bool,
                lengths: str, depths: str, concurrency: int, max_tokens: int, plot: Path | None,
                min_full_recall: int | None) -> int:
     """Needle-in-a-haystack recall over a grid of context lengths and depths.
@@ -103,7 +106,7 @@ def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
     from orchestrator.probes.qualify import run_sync
     from orchestrator.probes.recall import run_recall
 
-    ep = _endpoint(url, api_key, timeout)
+    ep = _endpoint(url, api_key, timeout, deadline)
     grid_l, grid_d = _lengths(lengths), _floats(depths, "depths")
 
     async def go() -> Any:
@@ -167,7 +170,8 @@ class _Bar:
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @click.option("--min-tok-s", type=float, default=None,
               help="Exit 1 if output tokens/s falls below this.")
-def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
+             deadline: float, as_json: bool,
              concurrency: int, duration: float, max_tokens: int, prompt_tokens: int,
              no_progress: bool, min_tok_s: float | None) -> int:
     """Closed-loop streaming load: output tok/s, requests/s, TTFT and inter-token latency.
@@ -179,7 +183,7 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float, a
     from orchestrator.probes.load import run_load
     from orchestrator.probes.qualify import run_sync
 
-    ep = _endpoint(url, api_key, timeout)
+    ep = _endpoint(url, api_key, timeout, deadline)
     bar = None if no_progress else _Bar()
 
     async def go() -> Any:
@@ -210,7 +214,8 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float, a
               help="Expected default temperature. Default: the profile's, else 1.0.")
 @click.option("--top-p", "expect_top_p", default=None, type=float,
               help="Expected default top_p. Default: the profile's, else 0.95.")
-def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float, as_json: bool,
+def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
+             deadline: float, as_json: bool,
              profile_path: Path | None, expect_temperature: float | None,
              expect_top_p: float | None) -> int:
     """Check reasoning separation, parsed tool calls and sampling defaults.
@@ -222,7 +227,7 @@ def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float, a
     from orchestrator.probes.client import resolve_model
     from orchestrator.probes.qualify import run_sync
 
-    ep = _endpoint(url, api_key, timeout)
+    ep = _endpoint(url, api_key, timeout, deadline)
     if profile_path is not None:
         from orchestrator.profile.loader import load_profile
 

@@ -60,7 +60,7 @@ def recall_lengths(min_tokens: int) -> list[int]:
 
 
 async def _qualify(base_url: str, dep: Deployment, cfg: Qualify) -> QualifyResult:
-    ep = Endpoint(base_url, timeout_s=600.0)
+    ep = Endpoint(base_url, timeout_s=600.0, deadline_s=3600.0)
     model = dep.served_name
     figures: dict[str, float | int | str] = {}
     failures: list[str] = []

@@ -260,7 +260,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_plan_path_imports_no_torch_triton_or_fabric() -> None:
     code = ("import sys; from orchestrator.cli import main; rc = main(['plan']); "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'triton', 'fabric', 'paramiko', 'invoke')); print(rc, heavy)")
+            "('torch', 'triton', 'fabric', 'paramiko', 'invoke', 'aiohttp')); print(rc, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "0 []"
 
