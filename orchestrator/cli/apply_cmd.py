@@ -8,7 +8,9 @@ the command bodies.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,28 @@ _inventory_opt = click.option(
     help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
 _host_opt = click.option("--host", "host_name", metavar="NAME", default=None,
                          help="Inventory host (default: the profile's host).")
+
+
+def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--accept-new-host-key``: the explicit opt-in to trust a host seen for the first time
+    (OpenSSH's accept-new). Without it an unknown host key is refused (issue 19)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, accept_new_host_key: bool, **kwargs: Any) -> Any:
+        if not accept_new_host_key:
+            return fn(*args, **kwargs)
+        from orchestrator.remote.connection import accept_new_host_keys
+
+        click.echo("--accept-new-host-key: a host key never seen before will be accepted and "
+                   "recorded (a changed key is still refused)", err=True)
+        with accept_new_host_keys():
+            return fn(*args, **kwargs)
+
+    return click.option(
+        "--accept-new-host-key", is_flag=True,
+        help="Accept the SSH key of a host seen for the first time, log it and record it in the "
+             "host's known_hosts (else ~/.ssh/known_hosts), like OpenSSH's accept-new. Default: "
+             "unknown keys are refused; a changed key is always refused.")(wrapper)
 
 
 def _echo(line: str) -> None:
@@ -127,6 +151,7 @@ def _print_result(res: Any) -> None:
 @_host_opt
 @click.option("-y", "--yes", is_flag=True,
               help="Do not ask for confirmation (asked only when stdin is a terminal).")
+@accept_new_host_key_opt
 def apply(source: Path | None, inventory: Path | None, host_name: str | None, yes: bool) -> int:
     """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
 
@@ -179,6 +204,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
               default=None, help="Profile whose host to use (instead of --host).")
 @_inventory_opt
 @_host_opt
+@accept_new_host_key_opt
 def rollback(release: str | None, profile_path: Path | None, inventory: Path | None,
              host_name: str | None) -> int:
     """Make RELEASE current again (default: the last healthy release before current).
@@ -203,6 +229,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 @_inventory_opt
 @_host_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@accept_new_host_key_opt
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             as_json: bool) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
@@ -248,6 +275,7 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
               default="text", show_default=True,
               help="prometheus: dsv4ctl's own metrics (the node-exporter textfile's, plus "
                    "dsv4ctl_role_healthy per role right now).")
+@accept_new_host_key_opt
 def status(profile_path: Path | None, inventory: Path | None, host_name: str | None,
            fmt: str) -> int:
     """Current release, each role's health, and drift (files vs manifest, profile vs engine).
@@ -295,6 +323,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 @_inventory_opt
 @_host_opt
 @click.option("--force", is_flag=True, help="End the holder's lock process (after showing it).")
+@accept_new_host_key_opt
 def unlock(profile_path: Path | None, inventory: Path | None, host_name: str | None,
            force: bool) -> int:
     """Show who holds the host lock; with --force, end the holder and free it.

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from orchestrator.cli.apply_cmd import accept_new_host_key_opt
 from orchestrator.errors import ExitCode
 
 
@@ -75,6 +76,7 @@ def schema(inventory_schema: bool) -> int:
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the plan has changes, 0 when none (1 on errors).")
 @click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+@accept_new_host_key_opt
 def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fmt: str,
          out: Path | None, detailed_exitcode: bool, verbose: bool) -> int:
     """Prove a profile fits its host and show what applying it would change.

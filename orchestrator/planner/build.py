@@ -19,7 +19,12 @@ from orchestrator.errors import InputError, Problem, ProfileError
 from orchestrator.facts import Facts, declared_facts
 from orchestrator.paths import default_profile
 from orchestrator.planner import capacity, rules
-from orchestrator.planner.checks import apply_acknowledgements, disk_rows, topology_checks
+from orchestrator.planner.checks import (
+    apply_acknowledgements,
+    disk_rows,
+    host_key_checks,
+    topology_checks,
+)
 from orchestrator.planner_model import Action, Check, Plan, PlannedFile
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.loader import load_inventory, load_text, read_file
@@ -132,6 +137,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),
                                    dep.model_variant)
     checks += disk_checks
+    checks += host_key_checks(ctx.host_name, ctx.host)
     checks = apply_acknowledgements(
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
     checks = sorted(checks, key=lambda c: ({"error": 0, "warning": 1, "info": 2}[c.severity],

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from orchestrator.deployment import Deployment
 from orchestrator.facts import DiskFact, Facts
 from orchestrator.planner_model import Check, DiskRow, Severity
+from orchestrator.profile.inventory import Host
 
 
 def check(
@@ -193,6 +194,21 @@ def _covering_disk(facts: Facts, path: str) -> DiskFact | None:
         if covers and (best is None or len(root) > len(best.path.rstrip("/") or "/")):
             best = d
     return best
+
+
+def host_key_checks(host_name: str, host: Host) -> list[Check]:
+    """A host without ``known_hosts:`` has no pinned key: the first connection is refused unless
+    the operator opts in with ``--accept-new-host-key`` (issue 19), so say so before apply."""
+    if host.known_hosts is not None:
+        return []
+    return [check(
+        "host.key-unpinned", "warning", "no pinned SSH host key",
+        f"host {host_name} ({host.address}) has no known_hosts in the inventory: its SSH key is "
+        "checked only against the controller's /etc/ssh/ssh_known_hosts and ~/.ssh/known_hosts, "
+        "and a key found in neither is refused",
+        "pin it: set known_hosts: to a file holding the host's key (ssh-keyscan, verified out "
+        "of band), or accept it once with --accept-new-host-key (the key is then recorded)",
+        subject=host_name)]
 
 
 def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]]) -> list[Check]:

@@ -75,8 +75,10 @@ class Host(_Strict):
     jump: JumpHost | None = Field(default=None, description="Optional bastion (ProxyJump).")
     known_hosts: AbsPath | None = Field(
         default=None,
-        description="known_hosts file on the controller; when set, unknown or changed host keys "
-        "are refused (recommended for production).",
+        description="known_hosts file on the controller that pins this host's SSH key (only it is "
+        "read). Unset: the controller's /etc/ssh/ssh_known_hosts and ~/.ssh/known_hosts are read. "
+        "Unknown keys are refused unless --accept-new-host-key (which records the key here); "
+        "changed keys always.",
     )
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
     scope: Literal["system", "user"] = Field(

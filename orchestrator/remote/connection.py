@@ -8,16 +8,23 @@ requests to ports bound on the host's loopback, tunnelled through the SSH transp
 Every failure becomes :class:`RemoteError` with what failed and a fix. Authentication failures are
 not retried (retrying cannot fix a wrong key); refused or timed-out connections are.
 
-Host keys: with the inventory's ``known_hosts`` set, only keys listed there are accepted (paramiko
-``RejectPolicy``): an unknown or changed key fails without retry. Without it fabric's default applies
-(unknown keys accepted, ``AutoAddPolicy``), which production inventories should not rely on.
+Host keys (issue 19): unknown keys are refused by default. With the inventory's ``known_hosts`` set,
+only keys listed there are accepted (the host is pinned); without it the controller's system
+(``/etc/ssh/ssh_known_hosts``) and user (``~/.ssh/known_hosts``) files are read, as OpenSSH does. A
+key that differs from a known one is always refused. A host never seen before is accepted only under
+:func:`accept_new_host_keys` (``--accept-new-host-key``, OpenSSH's ``StrictHostKeyChecking
+accept-new``): its key is logged and recorded (in the host's ``known_hosts`` file, else the user's),
+so the next connection is pinned to it. Unknown and changed keys fail without retry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import http.client
 import json
+import logging
+import os
 import select
 import socket
 import threading
@@ -36,18 +43,68 @@ from orchestrator.remote.probes import CommandResult
 RETRIES = 3  # connect attempts after the first
 BACKOFF_S = 1.0  # first wait; doubles each retry (1, 2, 4 s)
 
-# Errors that mean "the network or sshd is not there (yet)": worth a retry.
+# The controller's own known_hosts files, read when a host has no ``known_hosts:`` of its own
+# (module attributes so tests can point them at files they create).
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+log = logging.getLogger("dsv4ctl.ssh")
+
+_ACCEPT_NEW: contextvars.ContextVar[bool] = contextvars.ContextVar("accept_new_host_keys",
+                                                                   default=False)
+
+
+@contextlib.contextmanager
+def accept_new_host_keys(enabled: bool = True) -> Iterator[None]:
+    """Within this block, a host never seen before is accepted once and its key recorded (the CLI's
+    ``--accept-new-host-key``). A changed key is refused all the same."""
+    token = _ACCEPT_NEW.set(enabled)
+    try:
+        yield
+    finally:
+        _ACCEPT_NEW.reset(token)
+
+
 class _UnknownHostKey(paramiko.SSHException):
-    """A host key missing from the inventory's known_hosts (never retried)."""
+    """A host key in no known_hosts file that was read (never retried)."""
 
 
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
     """paramiko's RejectPolicy raises a bare SSHException, which we retry as transient; this one
     raises a type of its own so an unknown key fails at once with a clear message."""
 
+    def __init__(self, searched: list[str]) -> None:
+        self.searched = searched
+
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         raise _UnknownHostKey(f"{hostname} offers a {key.get_name()} key with fingerprint "
-                              f"{key.fingerprint} that is not in known_hosts")
+                              f"{key.fingerprint} that is not in known_hosts "
+                              f"(searched: {', '.join(self.searched) or 'nothing'})")
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's ``accept-new``: a host with no key in any file read is accepted, its key logged and
+    appended to ``record_to`` (created 0600), so later connections are pinned to it. paramiko calls
+    this only when the host has no known key at all; a different key raises BadHostKeyException."""
+
+    def __init__(self, record_to: str) -> None:
+        self.record_to = record_to
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        path = self.record_to
+        try:
+            parent = os.path.dirname(path)
+            if parent and not os.path.isdir(parent):
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            raise _UnknownHostKey(f"cannot record the new host key of {hostname} in {path}: "
+                                  f"{exc}") from exc
+        log.warning("accepted the new host key of %s (%s %s) and recorded it in %s "
+                    "(--accept-new-host-key)", hostname, key.get_name(), key.fingerprint, path)
 
 
 _TRANSIENT = (socket.timeout, TimeoutError, ConnectionError, EOFError, OSError,
@@ -98,14 +155,35 @@ class RemoteHost:
         return kw
 
     def _pin_host_keys(self, conn: Connection) -> Connection:
-        if self.host.known_hosts is not None:
-            try:
-                conn.client.load_host_keys(self.host.known_hosts)
-            except OSError as exc:
-                raise RemoteError(
-                    f"cannot read known_hosts {self.host.known_hosts} for host '{self.name}': {exc}",
-                    fix="fix the inventory's known_hosts path (ssh-keyscan can fill it)") from exc
-            conn.client.set_missing_host_key_policy(_RejectUnknown())
+        """Replace fabric's default (``AutoAddPolicy``: any key accepted) with known_hosts checking."""
+        accept_new = _ACCEPT_NEW.get()
+        pinned = self.host.known_hosts
+        if pinned is not None:
+            # the host's own file, and only it: the inventory pins the host
+            if not (accept_new and not os.path.lexists(pinned)):
+                try:
+                    conn.client.load_host_keys(pinned)
+                except OSError as exc:
+                    raise RemoteError(
+                        f"cannot read known_hosts {pinned} for host '{self.name}': {exc}",
+                        fix="fix the inventory's known_hosts path (ssh-keyscan can fill it), or "
+                            "pass --accept-new-host-key to create it with the key the host "
+                            "offers") from exc
+            searched = [pinned]
+            record_to = pinned
+        else:
+            searched = []
+            for path in (SYSTEM_KNOWN_HOSTS, os.path.expanduser(USER_KNOWN_HOSTS)):
+                if os.path.isfile(path):
+                    try:
+                        conn.client.load_system_host_keys(path)
+                    except OSError as exc:
+                        raise RemoteError(f"cannot read known_hosts {path}: {exc}",
+                                          fix="fix the file's permissions") from exc
+                    searched.append(path)
+            record_to = os.path.expanduser(USER_KNOWN_HOSTS)
+        conn.client.set_missing_host_key_policy(
+            _AcceptNew(record_to) if accept_new else _RejectUnknown(searched))
         return conn
 
     def _make(self) -> Connection:
@@ -130,13 +208,22 @@ class RemoteHost:
                 conn.open()
                 self._conn = conn
                 return self
-            except (paramiko.BadHostKeyException, _UnknownHostKey) as exc:
+            except paramiko.BadHostKeyException as exc:
                 conn.close()
                 raise RemoteError(
-                    f"host key of '{self.name}' ({where}) is not the one in "
-                    f"{self.host.known_hosts}: {exc}",
+                    f"host key of '{self.name}' ({where}) CHANGED: it is not the one in "
+                    f"{self.host.known_hosts or 'known_hosts'}: {exc}",
                     fix="verify the host's key out of band, then update the known_hosts file; "
-                        "a changed key can mean the host was replaced or the connection intercepted",
+                        "a changed key can mean the host was replaced or the connection "
+                        "intercepted (--accept-new-host-key never accepts a changed key)",
+                ) from exc
+            except _UnknownHostKey as exc:
+                conn.close()
+                raise RemoteError(
+                    f"host key of '{self.name}' ({where}) is unknown: {exc}",
+                    fix="verify the host's key out of band, then add it to the inventory's "
+                        "known_hosts file (ssh-keyscan can fetch it), or accept it once with "
+                        "--accept-new-host-key, which records it",
                 ) from exc
             except paramiko.AuthenticationException as exc:
                 conn.close()

@@ -76,7 +76,8 @@ class Env:
         self.inventory_path = tmp / "inventory.yaml"
         self.inventory_path.write_text(yaml.safe_dump({"apiVersion": "dsv4ctl/v1", "hosts": {
             "h": {"address": inv["address"], "port": inv["port"], "user": inv["user"],
-                  "key": inv["key"], "scope": "user", "install_root": ROOT,
+                  "key": inv["key"], "known_hosts": inv["known_hosts"], "scope": "user",
+                  "install_root": ROOT,
                   "connect_timeout_s": 5, "gpus": {"model": "rtx-pro-6000-se", "count": 8}}}}))
         inventory = load_text(Inventory, self.inventory_path.read_text(), "inventory.yaml")
         self.host: Host = inventory.hosts["h"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,110 @@ def test_missing_known_hosts_file_is_a_clear_error(hosts: list[FakeHost], tmp_pa
     with pytest.raises(RemoteError) as info:
         connect("h", _host(hosts[0], tmp_path / "nope"))
     assert "cannot read known_hosts" in info.value.message
+
+
+# ---- issue 19, Deliver 1: unknown keys are refused by default, accept-new is an explicit opt-in --
+
+@pytest.fixture
+def controller_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The controller's system and user known_hosts, pointed at files this test owns (nothing
+    outside tmp_path is read or written)."""
+    from orchestrator.remote import connection
+
+    system, user = tmp_path / "etc_ssh_known_hosts", tmp_path / "home" / ".ssh" / "known_hosts"
+    monkeypatch.setattr(connection, "SYSTEM_KNOWN_HOSTS", str(system), raising=False)
+    monkeypatch.setattr(connection, "USER_KNOWN_HOSTS", str(user), raising=False)
+    return system, user
+
+
+def _other_key_line(fake: FakeHost, tmp_path: Path) -> str:
+    """A known_hosts line for the host's address with a key it does not have (a changed key)."""
+    key = tmp_path / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    kind, b64 = key.with_suffix(".pub").read_text().split()[:2]
+    return f"{fake.address} {kind} {b64}\n"
+
+
+def _line_of(fake: FakeHost) -> str:
+    return next(ln for ln in Path(fake.known_hosts).read_text().splitlines()
+                if ln.split()[0] == fake.address) + "\n"
+
+
+def test_never_seen_key_is_refused_by_default(hosts: list[FakeHost],
+                                              controller_files: tuple[Path, Path]) -> None:
+    """No known_hosts in the inventory and the key in no controller file: refused, not retried
+    (before issue 19 fabric's AutoAddPolicy accepted any key silently)."""
+    slept: list[float] = []
+    with pytest.raises(RemoteError) as info:
+        connect("h", _host(hosts[0], None), sleep=slept.append)
+    assert "is unknown" in info.value.message and "--accept-new-host-key" in (info.value.fix or "")
+    assert slept == []
+    assert not controller_files[1].exists()  # nothing recorded without the opt-in
+
+
+def test_system_and_user_known_hosts_are_read(hosts: list[FakeHost],
+                                              controller_files: tuple[Path, Path]) -> None:
+    system, user = controller_files
+    system.write_text(_line_of(hosts[0]))
+    with connect("h", _host(hosts[0], None)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
+    system.unlink()
+    user.parent.mkdir(parents=True)
+    user.write_text(_line_of(hosts[0]))
+    with connect("h", _host(hosts[0], None)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("where", ["inventory", "user"])
+def test_changed_key_is_refused_even_with_the_opt_in(
+        hosts: list[FakeHost], controller_files: tuple[Path, Path], tmp_path: Path,
+        where: str) -> None:
+    from orchestrator.remote.connection import accept_new_host_keys
+
+    line = _other_key_line(hosts[0], tmp_path)
+    if where == "inventory":
+        pinned: Path | None = tmp_path / "pinned_known_hosts"
+        pinned.write_text(line)  # type: ignore[union-attr]
+    else:
+        pinned = None
+        controller_files[1].parent.mkdir(parents=True)
+        controller_files[1].write_text(line)
+    for opt_in in (False, True):
+        with accept_new_host_keys(opt_in), pytest.raises(RemoteError) as info:
+            connect("h", _host(hosts[0], pinned), sleep=lambda s: None)
+        assert "CHANGED" in info.value.message
+    assert (pinned or controller_files[1]).read_text() == line  # nothing recorded
+
+
+def test_never_seen_key_is_accepted_only_with_the_opt_in(
+        hosts: list[FakeHost], controller_files: tuple[Path, Path],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from orchestrator.remote.connection import accept_new_host_keys
+
+    user = controller_files[1]
+    with pytest.raises(RemoteError, match="is unknown"):
+        connect("h", _host(hosts[0], None), sleep=lambda s: None)
+    with caplog.at_level("WARNING", logger="dsv4ctl.ssh"), accept_new_host_keys(), \
+            connect("h", _host(hosts[0], None)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
+    assert any("accepted the new host key" in r.getMessage() and str(user) in r.getMessage()
+               for r in caplog.records)
+    # recorded like OpenSSH's accept-new (0600 file), and from now on pinned without the opt-in
+    assert user.read_text() == _line_of(hosts[0]) and user.stat().st_mode & 0o777 == 0o600
+    with connect("h", _host(hosts[0], None)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
+
+
+def test_opt_in_creates_the_inventory_known_hosts(hosts: list[FakeHost], tmp_path: Path,
+                                                  controller_files: tuple[Path, Path]) -> None:
+    """With a per-host known_hosts that does not exist yet, the opt-in records the key there (the
+    inventory's file pins the host from then on); the user's file is left alone."""
+    from orchestrator.remote.connection import accept_new_host_keys
+
+    pinned = tmp_path / "new_known_hosts"
+    with accept_new_host_keys(), connect("h", _host(hosts[0], pinned)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
+    assert pinned.read_text() == _line_of(hosts[0])
+    assert not controller_files[1].exists()
+    with connect("h", _host(hosts[0], pinned)) as remote:
+        assert remote.run("echo ok").stdout.strip() == "ok"
