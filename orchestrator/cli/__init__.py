@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.options import route_library_logs
 from orchestrator.errors import DsvError, ExitCode
 
 EXIT_CODES_HELP = """\b
@@ -67,6 +68,7 @@ _register_all()
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run dsv4ctl; returns the exit code instead of exiting (for tests and embedding)."""
+    route_library_logs(False)
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="dsv4ctl",
                           standalone_mode=False)

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from orchestrator.cli.options import verbose_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 _inventory_opt = click.option(
@@ -122,6 +123,18 @@ def _is_plan_file(path: Path) -> bool:
         return False
 
 
+def _confirm(what: str, question: str) -> None:
+    """Ask before changing a host; with nobody at a terminal to ask, refuse (Terraform's rule for
+    apply without -auto-approve): a script or a pipe must say --yes on purpose."""
+    if not sys.stdin.isatty():
+        raise DsvError(f"{what} needs confirmation and stdin is not a terminal; nothing was changed",
+                       fix=f"run it from a terminal to answer the prompt, or pass --yes "
+                           f"(`dsv4ctl {what} ... --yes`) in scripts")
+    if not click.confirm(question, default=False):
+        raise DsvError(f"{what} cancelled at the prompt; nothing was changed",
+                       fix="answer y, or pass --yes in scripts")
+
+
 def _print_result(res: Any) -> None:
     from orchestrator.apply.executor import raise_for
 
@@ -150,8 +163,10 @@ def _print_result(res: Any) -> None:
 @_inventory_opt
 @_host_opt
 @click.option("-y", "--yes", is_flag=True,
-              help="Do not ask for confirmation (asked only when stdin is a terminal).")
+              help="Do not ask for confirmation. Without it, apply asks at a terminal and refuses "
+                   "when stdin is not one.")
 @accept_new_host_key_opt
+@verbose_option()
 def apply(source: Path | None, inventory: Path | None, host_name: str | None, yes: bool) -> int:
     """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
 
@@ -187,11 +202,9 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
         if plan.errors:
             raise DsvError("the plan has errors; nothing was applied",
                            fix="fix the profile; `dsv4ctl plan` shows the checks")
-    if plan.actions and not yes and sys.stdin.isatty():
+    if plan.actions and not yes:
         restarts = f"; restarts {', '.join(plan.restarts)} (model reload)" if plan.restarts else ""
-        if not click.confirm(f"Apply {plan.profile_name} to host '{name}'{restarts}?", default=False):
-            raise DsvError("apply cancelled at the prompt; nothing was changed",
-                           fix="answer y, or pass --yes in scripts")
+        _confirm("apply", f"Apply {plan.profile_name} to host '{name}'{restarts}?")
     _echo(f"Applying {plan.profile_name} to {name} (scope {host.scope}, root {host.install_root})")
     res = apply_plan(plan, name, host, out=_echo, command=_command_line(), saved=saved)
     _print_result(res)
@@ -205,8 +218,12 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
 @_inventory_opt
 @_host_opt
 @accept_new_host_key_opt
+@click.option("-y", "--yes", is_flag=True,
+              help="Do not ask for confirmation. Without it, rollback asks at a terminal and "
+                   "refuses when stdin is not one.")
+@verbose_option()
 def rollback(release: str | None, profile_path: Path | None, inventory: Path | None,
-             host_name: str | None) -> int:
+             host_name: str | None, yes: bool) -> int:
     """Make RELEASE current again (default: the last healthy release before current).
 
     Restarts only the roles whose files differ, waits until healthy (rollout.rollback_timeout_s)
@@ -215,6 +232,9 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
     from orchestrator.apply import rollback as do_rollback
 
     name, host = resolve_host(profile_path, inventory, host_name)
+    if not yes:
+        target = f"release {release}" if release else "the last healthy release before current"
+        _confirm("rollback", f"Roll host '{name}' back to {target} (restarts the roles that differ)?")
     res = do_rollback(name, host, release, out=_echo, command=_command_line())
     if res.status == "healthy":
         _echo(res.message)
@@ -230,6 +250,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 @_host_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @accept_new_host_key_opt
+@verbose_option()
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             as_json: bool) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
@@ -276,6 +297,7 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
               help="prometheus: dsv4ctl's own metrics (the node-exporter textfile's, plus "
                    "dsv4ctl_role_healthy per role right now).")
 @accept_new_host_key_opt
+@verbose_option()
 def status(profile_path: Path | None, inventory: Path | None, host_name: str | None,
            fmt: str) -> int:
     """Current release, each role's health, and drift (files vs manifest, profile vs engine).
@@ -324,6 +346,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 @_host_opt
 @click.option("--force", is_flag=True, help="End the holder's lock process (after showing it).")
 @accept_new_host_key_opt
+@verbose_option()
 def unlock(profile_path: Path | None, inventory: Path | None, host_name: str | None,
            force: bool) -> int:
     """Show who holds the host lock; with --force, end the holder and free it.

@@ -6,7 +6,9 @@ requests to ports bound on the host's loopback, tunnelled through the SSH transp
 (``direct-tcpip``), so health checks reach ``127.0.0.1:30000`` on the host without opening ports.
 
 Every failure becomes :class:`RemoteError` with what failed and a fix. Authentication failures are
-not retried (retrying cannot fix a wrong key); refused or timed-out connections are.
+not retried (retrying cannot fix a wrong key), nor are a port that does not speak SSH or a connect
+timeout (each already waited its timeout); a refused or reset connection is (sshd restarting).
+:mod:`orchestrator.remote.diagnose` names the cause in one line.
 
 Host keys (issue 19): unknown keys are refused by default. With the inventory's ``known_hosts`` set,
 only keys listed there are accepted (the host is pinned); without it the controller's system
@@ -38,6 +40,7 @@ from fabric import Connection
 
 from orchestrator.errors import RemoteError
 from orchestrator.profile.inventory import Host
+from orchestrator.remote.diagnose import classify
 from orchestrator.remote.probes import CommandResult
 
 RETRIES = 3  # connect attempts after the first
@@ -201,7 +204,7 @@ class RemoteHost:
         where = f"{self.host.user}@{self.host.address}:{self.host.port}"
         if self.host.jump is not None:
             where += f" via {self.host.jump.user}@{self.host.jump.address}:{self.host.jump.port}"
-        last: Exception | None = None
+        failure = None
         for attempt in range(RETRIES + 1):
             conn = self._make()
             try:
@@ -233,17 +236,21 @@ class RemoteHost:
                         "(the key's public half must be in the host's authorized_keys)",
                 ) from exc
             except _TRANSIENT as exc:
+                t = conn.client.get_transport()
+                no_banner = t is not None and not t.remote_version  # TCP up, no SSH spoken
                 conn.close()
-                last = exc
+                failure = classify(exc, address=self.host.address, port=self.host.port,
+                                   timeout_s=self.host.connect_timeout_s,
+                                   direct=self.host.jump is None, no_banner=no_banner)
+                if not failure.retry:
+                    raise RemoteError(f"cannot connect to host '{self.name}' ({where}): "
+                                      f"{failure.cause}", fix=failure.fix) from None
                 if attempt < RETRIES:
                     self._sleep(BACKOFF_S * (2 ** attempt))
         raise RemoteError(
             f"cannot connect to host '{self.name}' ({where}) after {RETRIES + 1} attempts: "
-            f"{type(last).__name__}: {last}",
-            fix="check the address and port in the inventory, that sshd runs on the host and that "
-                "the network (or jump host) lets you through; connect_timeout_s is "
-                f"{self.host.connect_timeout_s:g}s",
-        )
+            f"{failure.cause if failure else 'no attempt made'}",
+            fix=failure.fix if failure else None)
 
     def close(self) -> None:
         if self._sftp_client is not None:

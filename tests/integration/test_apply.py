@@ -106,7 +106,9 @@ class Env:
         return path
 
     def cli(self, *args: str) -> int:
-        return main([*args, "-i", str(self.inventory_path)])
+        # pytest's stdin is not a terminal: apply and rollback refuse without --yes there
+        yes = ["--yes"] if args and args[0] in ("apply", "rollback") else []
+        return main([*args, *yes, "-i", str(self.inventory_path)])
 
     def apply(self, profile: Profile, *, name: str = "plan.json") -> int:
         return self.cli("apply", str(self.save(self.plan(profile), name)))
@@ -438,7 +440,7 @@ def test_ctrl_c_during_apply(env: Env) -> None:
     plan = env.save(env.plan(decode_knob(env, 32)), "p2.json")
     proc = subprocess.Popen(
         [sys.executable, "-u", "-c", "from orchestrator.cli import entrypoint; entrypoint()",
-         "apply", str(plan), "-i", str(env.inventory_path)],
+         "apply", str(plan), "--yes", "-i", str(env.inventory_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     lines: list[str] = []

@@ -61,3 +61,50 @@ def test_yes_skips_the_prompt(saved_plan: Path, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(_Done):
         _apply(saved_plan, "--yes")
     assert called == ["gpu-host"]
+
+
+class _Pipe:
+    def isatty(self) -> bool:
+        return False
+
+    def readline(self) -> str:
+        return "y\n"  # a pipe that says yes is not a person who read the plan
+
+
+def test_apply_without_yes_refuses_when_stdin_is_not_a_terminal(
+        saved_plan: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdin", _Pipe())
+    monkeypatch.setattr(orchestrator.apply, "apply_plan",
+                        lambda *a, **k: pytest.fail("apply_plan ran with nobody to confirm"))
+    assert _apply(saved_plan) == 1
+    err = capsys.readouterr().err
+    assert "stdin is not a terminal; nothing was changed" in err and "--yes" in err
+
+
+def test_rollback_without_yes_refuses_when_stdin_is_not_a_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdin", _Pipe())
+    monkeypatch.setattr(orchestrator.apply, "rollback",
+                        lambda *a, **k: pytest.fail("rollback ran with nobody to confirm"))
+    inv = str(data_dir("profiles") / "inventory.yaml")
+    assert main(["rollback", "--host", "gpu-host", "--inventory", inv]) == 1
+    assert "rollback needs confirmation and stdin is not a terminal" in capsys.readouterr().err
+
+
+def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", _Pipe())
+    called: list[str | None] = []
+
+    class _Res:
+        status = "healthy"
+        message = "rolled back"
+
+    def fake_rollback(name, host, release, **kw):
+        called.append(release)
+        return _Res()
+
+    monkeypatch.setattr(orchestrator.apply, "rollback", fake_rollback)
+    inv = str(data_dir("profiles") / "inventory.yaml")
+    assert main(["rollback", "r1", "--yes", "--host", "gpu-host", "--inventory", inv]) == 0
+    assert called == ["r1"]
