@@ -60,6 +60,17 @@ class RoleCapacity(_Frozen):
     token_capacity: int  # per-rank tokens x attention-DP groups: what the role can hold at once
     max_running_requests: int
     notes: list[str] = Field(default_factory=list)
+    # The arithmetic behind the numbers above (`plan --explain`), per rank, in bytes. A GPU's
+    # memory = preload + weights + KV pools + req_to_token + headroom, exactly.
+    preload_bytes: int = 0  # in use before SGLang's baseline (CUDA context, NCCL)
+    req_to_token_bytes: int = 0  # the request->token table, allocated after KV profiling
+    kv_budget_bytes: int = 0  # what SGLang's profiling leaves the KV pools: pre*mfs - weights
+    slack_bytes: int = 0  # pre * (1 - mfs): what SGLang keeps outside the KV budget
+    kv_unused_bytes: int = 0  # budget - allocated pools: left by page rounding (part of headroom)
+    kv_pools: dict[str, int] = Field(default_factory=dict)  # allocated bytes per pool
+    kv_tokens: dict[str, int] = Field(default_factory=dict)  # tokens/slots per pool
+    bytes_per_token_terms: dict[str, float] = Field(default_factory=dict)
+    page_size: int = 0
 
 
 class GpuRow(_Frozen):
@@ -71,6 +82,8 @@ class GpuRow(_Frozen):
     kv_bytes: int
     headroom_bytes: int
     free_static_bytes: int  # static budget minus weights minus KV (what page alignment left over)
+    preload_bytes: int = 0  # in use before SGLang's baseline (CUDA context, NCCL)
+    req_to_token_bytes: int = 0  # the request->token table
 
 
 class DiskRow(_Frozen):

@@ -76,9 +76,12 @@ def schema(inventory_schema: bool) -> int:
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the plan has changes, 0 when none (1 on errors).")
 @click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+@click.option("--explain", is_flag=True,
+              help="Also show the arithmetic per role: every term of a GPU's memory (adding up to "
+                   "its capacity), the KV pool's bytes per token term by term, page rounding.")
 @accept_new_host_key_opt
 def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fmt: str,
-         out: Path | None, detailed_exitcode: bool, verbose: bool) -> int:
+         out: Path | None, detailed_exitcode: bool, verbose: bool, explain: bool) -> int:
     """Prove a profile fits its host and show what applying it would change.
 
     PROFILE defaults to the embedded profiles/default.yaml and its inventory's declared host, so it
@@ -91,6 +94,9 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fm
 
     facts = None
     if live_host is not None:
+        from orchestrator.cli.options import route_library_logs
+
+        route_library_logs(verbose)
         from orchestrator.planner.build import load_context
         from orchestrator.remote import gather_facts  # fabric: only when probing
 
@@ -105,8 +111,18 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fm
         click.echo(render_json(result), nl=False)
     elif fmt == "markdown":
         click.echo(render_markdown(result), nl=False)
+        if explain:
+            from orchestrator.planner.explain import render_explain
+
+            click.echo(f"<details><summary>Explain</summary>\n\n```\n{render_explain(result)}"
+                       "```\n\n</details>")
     else:
         click.echo(render_text(result, verbose=verbose), nl=False)
+        if explain:
+            from orchestrator.planner.explain import render_explain
+
+            click.echo("\nExplain:")
+            click.echo(render_explain(result), nl=False)
         if out is not None:
             click.echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
     if result.errors:

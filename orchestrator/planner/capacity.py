@@ -174,7 +174,9 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             rows[g] = GpuRow(index=g, role=role.name, model=gpu.spec.id, total_bytes=gpu.total_bytes,
                              weights_bytes=wb.total_bytes, kv_bytes=kv,
                              headroom_bytes=max(0, sizing.headroom_bytes),
-                             free_static_bytes=max(0, sizing.unused_budget_bytes))
+                             free_static_bytes=max(0, sizing.unused_budget_bytes),
+                             preload_bytes=sizing.preload_used_bytes,
+                             req_to_token_bytes=sizing.req_to_token_bytes)
     for g in facts.gpus:
         if g.index not in rows:
             rows[g.index] = GpuRow(index=g.index, role=None, model=gpu.spec.id,
@@ -198,7 +200,21 @@ def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, si
         fixed_bytes_per_rank=sizing.fixed_bytes if sizing else 0,
         max_total_tokens_per_rank=tokens, token_capacity=tokens * role.attn_dp,
         max_running_requests=(sizing.max_running_requests * role.attn_dp) if sizing else 0,
-        notes=sorted(set(notes)))
+        notes=sorted(set(notes)), **(_arithmetic(sizing) if sizing else {}))
+
+
+def _arithmetic(s: PoolSizing) -> dict[str, object]:
+    """The terms `plan --explain` shows, from the sizing that produced the numbers."""
+    pools = s.pool_bytes.as_dict() if s.pool_bytes else {}
+    return dict(
+        preload_bytes=s.preload_used_bytes, req_to_token_bytes=s.req_to_token_bytes,
+        kv_budget_bytes=s.budget_bytes, slack_bytes=s.slack_bytes,
+        kv_unused_bytes=s.unused_budget_bytes,
+        kv_pools={k: v for k, v in pools.items() if v or k != "draft_swa_kv"},
+        kv_tokens={"full": s.full_tokens, "swa": s.swa_tokens, "c4": s.c4_tokens,
+                   "c128": s.c128_tokens, "c4_state_slots": s.c4_state_slots,
+                   "c128_state_slots": s.c128_state_slots} if s.fits else {},
+        bytes_per_token_terms=dict(s.bytes_per_token_terms), page_size=s.page_size)
 
 
 def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: PoolSizing, mfs: float,

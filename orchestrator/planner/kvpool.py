@@ -670,6 +670,10 @@ class PoolSizing:
     headroom_bytes: int
     min_mem_fraction_static: float | None  #: 1 - avail/pre, sglang's own "minimum viable" hint
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The inputs and terms behind the numbers above, for `plan --explain`.
+    preload_used_bytes: int = 0  #: in use before sglang's baseline (as passed in)
+    bytes_per_token_terms: tuple[tuple[str, float], ...] = ()  #: BytesPerFullToken.terms()
+    page_size: int = DSV4_PAGE_SIZE
 
 
 def _free_gib(free_bytes: int, distributed: bool) -> float:
@@ -770,6 +774,9 @@ def size_pool(
         slack_bytes=slack_bytes,
         fixed_bytes=fixed.total,
         bytes_per_full_token=bpft.total,
+        preload_used_bytes=preload_used_bytes,
+        bytes_per_token_terms=tuple(bpft.terms().items()),
+        page_size=x.page_size,
     )
 
     def refuse(failure: str, budget: int) -> PoolSizing:

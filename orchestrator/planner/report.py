@@ -13,6 +13,12 @@ from collections.abc import Sequence
 from orchestrator.planner_model import Check, Plan
 
 _SYMBOL = {"create": "+", "change": "~", "remove": "-", "restart": "~>", "start": "+>", "stop": "-<"}
+# What the GPU table's words mean; other + weights + KV pool + headroom = the GPU's memory.
+GPU_TABLE_LEGEND = (
+    "other = CUDA context/NCCL before SGLang's baseline + the req_to_token table; headroom = free",
+    "for activations and CUDA graphs; (unused) = KV budget left by page rounding, inside headroom.",
+    "`dsv4ctl plan --explain` shows every term in bytes.",
+)
 _SEV = {"error": "x error  ", "warning": "! warning", "info": "i info   "}
 
 
@@ -77,9 +83,12 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
     if plan.gpus:
         model = plan.gpus[0].model
         lines.append(f"GPU memory ({model}, {_gib(plan.gpus[0].total_bytes)} each):")
-        rows = [[str(g.index), g.role or "-", _gib(g.weights_bytes), _gib(g.kv_bytes),
-                 _gib(g.headroom_bytes), _gib(g.free_static_bytes)] for g in plan.gpus]
-        lines += _table(["GPU", "role", "weights", "KV pool", "headroom", "unused"], rows)
+        rows = [[str(g.index), g.role or "-", _gib(g.preload_bytes + g.req_to_token_bytes),
+                 _gib(g.weights_bytes), _gib(g.kv_bytes), _gib(g.headroom_bytes),
+                 _gib(g.free_static_bytes)] for g in plan.gpus]
+        lines += _table(["GPU", "role", "other", "weights", "KV pool", "headroom", "(unused)"],
+                        rows)
+        lines += [f"  {line}" for line in GPU_TABLE_LEGEND]
         lines.append("")
     if plan.capacity:
         lines.append("KV cache per role:")
@@ -156,11 +165,12 @@ def render_markdown(plan: Plan) -> str:
         "",
     ]
     if plan.gpus:
-        lines += ["| GPU | role | weights | KV pool | headroom | unused |",
-                  "|---:|---|---:|---:|---:|---:|"]
-        lines += [f"| {g.index} | {g.role or '-'} | {_gib(g.weights_bytes)} | {_gib(g.kv_bytes)} | "
+        lines += ["| GPU | role | other | weights | KV pool | headroom | (unused) |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {g.index} | {g.role or '-'} | {_gib(g.preload_bytes + g.req_to_token_bytes)} "
+                  f"| {_gib(g.weights_bytes)} | {_gib(g.kv_bytes)} | "
                   f"{_gib(g.headroom_bytes)} | {_gib(g.free_static_bytes)} |" for g in plan.gpus]
-        lines.append("")
+        lines += ["", " ".join(GPU_TABLE_LEGEND), ""]
     shown = [c for c in plan.checks if c.severity != "info"]
     if shown:
         lines += ["| severity | check | message | fix |", "|---|---|---|---|"]
