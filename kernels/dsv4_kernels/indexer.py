@@ -16,45 +16,29 @@ whatever the real length. Here all work and traffic follow each row's real lengt
   the tiles that feed the dot, so without it every iteration waited for a page-id load and
   the dependent scale load (H200, 128K: 110 -> 85.6 µs, bit-identical). ``num_warps``,
   ``num_stages``, ``block_n``, ``nsplit`` and ``contiguous`` are sweepable
-  (``python -m dsv4_kernels.indexer_sweep``).
+  (``kernels/tools/indexer_sweep.py``).
 * ``indexer_topk``: rows with ``len <= k`` emit ``0..len-1`` and -1; longer rows select the
   exact top ``k`` (ties at the threshold taken in position order, output in ascending position
   order) with the page-table transform to physical slots (``page_table[b, i // ps] * ps +
-  i % ps``, FlashMLA's ``extra_indices``) fused into the write. Three implementations give
-  bit-identical output:
+  i % ps``, FlashMLA's ``extra_indices``) fused into the write. Three launches, the two row
+  scans split over ``nprog`` programs per row:
 
-  - ``radix1`` (the default before radix3): **one launch, one program per row**. The
-    earlier version (``radix6``) spent ~116 µs at B=64 / 128K in six launches
-    of ~19 µs each that read only 8 MB of L2-resident logits: latency and launches, not
-    bytes. radix1 reads the row twice and then works on a short list: (A) a histogram of a
-    *windowed* digit ``clamp((key >> (23 - mant_bits)) - base, 0, 2^hist_bits - 1)`` of the
-    monotone uint32 key (sign, exponent and the top ``mant_bits`` mantissa bits), with
-    ``base`` set so that the maximum of a strided 2048-key sample sits two exponents below the
-    top bin: the threshold bin then holds ~1-5% of a 32K row, where a plain top-8-bit digit
-    (factor-4 bins) holds ~15%; (B) a compaction, in position order, of every key whose
-    digit is at or above the threshold bin into a per-row scratch list (positions only; keys
-    are re-gathered from L1/L2). The digit is monotone, so the list holds the whole top
-    ``k`` and every tie of the threshold value. The exact 8-bit radix select (stopping as soon
-    as the threshold bin holds exactly the keys still needed) and the write then run on that
-    list. Rows up to ``direct`` keys, or whose list would exceed ``cap`` (heavy ties,
-    distributions far from the sample), run the same radix select on the row itself: slower,
-    never wrong. Histograms need no mask: masked or non-matching keys go to bin 0 and are
-    subtracted afterwards (their number is known).
-  - ``radix3`` (default): radix1's method with the two row scans split over ``nprog``
-    programs per row (radix1 keeps 64 of an H200's 132 SMs busy at B=64 and its program reads
-    a 128 KB row twice). Launch A: each program histograms its chunk (the window anchor comes
-    from the same sample of runs of keys in every program) and *stores* the chunk histogram.
-    Launch B: each program sums the row's chunk histograms, finds the threshold bin and
-    copies its chunk's candidates (positions and keys) into the row list at an offset read
-    off the earlier chunks' histograms: position order without atomics or zeroing. Launch C
-    (one program per row): the threshold bin's keys share their top ``9 + mant_bits`` bits,
-    so the exact select starts below them (2-3 passes over the list, not four) and writes.
-    ``fuse=True`` runs C in the last-arriving B program of each row instead (an arrival
-    counter, CUTLASS-semaphore ordering), one launch fewer, but measured slower on the H200
-    (128K top-k share 38.4 vs 34.2 µs; 4K 25.8 vs 16.8), so it is not the default.
-  - ``radix6``: each row split over ``nprog`` programs, four 8-bit radix passes whose
-    histograms meet in a global buffer (atomics), a count pass and a compaction pass; kept
-    for side-by-side timing.
+  - A (``_split_hist_kernel``): each program histograms its chunk of a *windowed* digit
+    ``clamp((key >> (23 - mant_bits)) - base, 0, 2^hist_bits - 1)`` of the monotone uint32
+    key (sign, exponent, top ``mant_bits`` mantissa bits), ``base`` set so that the maximum of
+    a strided sample sits two exponents below the top bin: the threshold bin then holds ~1-5%
+    of a 32K row (a plain top-8-bit digit holds ~15%). Histograms need no mask: masked keys go
+    to bin 0 and are subtracted afterwards.
+  - B (``_split_compact_kernel``): each program sums the row's chunk histograms, finds the
+    threshold bin and copies its chunk's candidates (positions and keys; digit at or above the
+    threshold bin) into the row's list at an offset read off the earlier chunks' histograms:
+    position order without atomics. The digit is monotone, so the list holds the whole top
+    ``k`` and every tie of the threshold value.
+  - C (``_split_select_kernel``, one program per row): the threshold bin's keys share their top
+    ``9 + mant_bits`` bits, so the exact 8-bit radix select starts below them (2-3 passes over
+    the list) and stops as soon as the threshold bin holds exactly the keys still needed; then
+    the write. Rows up to ``direct`` keys, or whose list would exceed ``cap`` (heavy ties),
+    run the same select on the row itself: slower, never wrong.
 
 All are capture-safe: fixed grids from static values, lengths read on the device, scratch
 buffers allocated per call (no host synchronisation).
@@ -230,125 +214,14 @@ def _emit_selected(gt, eq, pos, cnt_sel, cnt_eq, k_rem, pt_row, page_size, o_row
 
 
 @triton.jit
-def _select_digit(hist, k_rem):
-    """Largest bin b with count(bins >= b) >= k_rem; returns (b, k_rem minus count above b)."""
-    bins = tl.arange(0, 256)
-    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys in bins >= b
-    sel = tl.max(tl.where(suffix >= k_rem, bins, -1), 0)
-    above = tl.sum(tl.where(bins > sel, hist, 0), 0)
-    return sel, k_rem - above
-
-
-@triton.jit
-def _threshold(hist_row, K: tl.constexpr, UPTO: tl.constexpr):
-    """Replay the digit choices of passes < UPTO from the row's global histograms."""
-    prefix = tl.zeros([], tl.uint32)
-    k_rem = tl.full([], K, tl.int32)
-    for q in tl.static_range(UPTO):
-        h = tl.load(hist_row + q * 256 + tl.arange(0, 256))
-        sel, k_rem = _select_digit(h, k_rem)
-        prefix = (prefix << 8) | sel.to(tl.uint32)
-    return prefix, k_rem
-
-
-@triton.jit
 def _chunk_bounds(n, sp, NPROG: tl.constexpr, BLOCK: tl.constexpr):
     per = tl.cdiv(tl.cdiv(n, NPROG), BLOCK) * BLOCK
     lo = sp * per
     return lo, tl.minimum(lo + per, n)
 
 
-@triton.jit
-def _topk_hist_kernel(
-    logit_ptr, stride_lr, len_ptr, hist_ptr, max_len,
-    K: tl.constexpr, PASS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Radix pass PASS (8 bits, most significant first) over this program's share of a row."""
-    r = tl.program_id(0)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    if n > K:
-        hist_row = hist_ptr + r.to(tl.int64) * 1024
-        prefix, _k_rem = _threshold(hist_row, K, PASS)
-        lo, hi = _chunk_bounds(n, tl.program_id(1), NPROG, BLOCK)
-        l_row = logit_ptr + r.to(tl.int64) * stride_lr
-        shift = 24 - 8 * PASS
-        hist = tl.zeros([512], tl.int32)
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < hi
-            key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
-            match = m if PASS == 0 else m & ((key >> (shift + 8)) == prefix)
-            digit = ((key >> shift) & 255).to(tl.int32)
-            hist += tl.histogram(tl.where(match, digit, 256), 512)
-        bins = tl.arange(0, 512)
-        tl.atomic_add(hist_row + PASS * 256 + bins, hist, mask=bins < 256)
-
-
-@triton.jit
-def _topk_count_kernel(
-    logit_ptr, stride_lr, len_ptr, hist_ptr, cnt_ptr, max_len,
-    K: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Per program: how many keys of its share lie above / at the final threshold."""
-    r = tl.program_id(0)
-    sp = tl.program_id(1)
-    n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
-    if n > K:
-        prefix, _k_rem = _threshold(hist_ptr + r.to(tl.int64) * 1024, K, 4)
-        lo, hi = _chunk_bounds(n, sp, NPROG, BLOCK)
-        l_row = logit_ptr + r.to(tl.int64) * stride_lr
-        n_gt = tl.zeros([], tl.int32)
-        n_eq = tl.zeros([], tl.int32)
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < hi
-            key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
-            n_gt += tl.sum((m & (key > prefix)).to(tl.int32), 0)
-            n_eq += tl.sum((m & (key == prefix)).to(tl.int32), 0)
-        cnt = cnt_ptr + (r * NPROG + sp).to(tl.int64) * 2
-        tl.store(cnt, n_gt)
-        tl.store(cnt + 1, n_eq)
-
-
-@triton.jit
-def _topk_write_kernel(
-    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, hist_ptr, cnt_ptr,
-    out_ptr, stride_or, raw_ptr, stride_rr, max_len,
-    K: tl.constexpr, KP: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
-    WRITE_RAW: tl.constexpr,
-):
-    """Write the selected keys as physical slots: every key above the threshold and the first
-    ``k_rem`` keys equal to it in index order (deterministic), rows with ``len <= K`` as
-    ``0..len-1`` then -1."""
-    r = tl.program_id(0)
-    sp = tl.program_id(1)
-    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
-                                        stride_or, raw_ptr, stride_rr)
-    if n <= K:
-        if sp == 0:
-            _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
-    else:
-        prefix, k_rem = _threshold(hist_ptr + r.to(tl.int64) * 1024, K, 4)
-        progs = tl.arange(0, NPROG)
-        cnt = cnt_ptr + (r * NPROG + progs).to(tl.int64) * 2
-        before = progs < sp
-        gt_before = tl.sum(tl.where(before, tl.load(cnt), 0), 0)
-        eq_before = tl.sum(tl.where(before, tl.load(cnt + 1), 0), 0)
-        cnt_sel = gt_before + tl.minimum(eq_before, k_rem)
-        cnt_eq = eq_before
-        lo, hi = _chunk_bounds(n, sp, NPROG, BLOCK)
-        l_row = logit_ptr + r.to(tl.int64) * stride_lr
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < hi
-            key = _monotone_key(tl.load(l_row + offs, mask=m, other=float("-inf")))
-            cnt_sel, cnt_eq = _emit_selected(m & (key > prefix), m & (key == prefix), offs,
-                                             cnt_sel, cnt_eq, k_rem, pt_row, page_size, o_row,
-                                             raw_row, WRITE_RAW)
-
-
 # ---------------------------------------------------------------------------------------------
-# One-launch top-k ("radix1"): one program per row, the whole select inside it.
+# Shared select machinery: the windowed digit, the exact radix select on a list or a row.
 
 
 @triton.jit
@@ -480,71 +353,8 @@ def _window_digit(key, base, NB: tl.constexpr, MSH: tl.constexpr):
     return tl.minimum(tl.maximum((key >> MSH).to(tl.int32) - base, 0), NB - 1)
 
 
-@triton.jit
-def _topk_row_kernel(
-    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, scratch_ptr,
-    out_ptr, stride_or, raw_ptr, stride_rr, max_len,
-    K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, CAP: tl.constexpr,
-    DIRECT: tl.constexpr, NB: tl.constexpr, MSH: tl.constexpr, ANCHOR: tl.constexpr,
-    WRITE_RAW: tl.constexpr,
-):
-    """Whole top-k of one row in one program (see the module docstring).
-
-    Rows longer than ``DIRECT``: pass A histograms a windowed digit of each key
-    (``clamp((key >> MSH) - base, 0, NB - 1)``, ``base`` placed so that the largest of a strided
-    sample of the row lands in bin ``ANCHOR``); pass B copies every key whose digit is at or above
-    the threshold bin (a superset of the top ``K`` holding all ties at the threshold, in position
-    order) into the row's scratch list, when it fits in ``CAP`` entries. The exact radix select
-    and the output then run on that short list. Otherwise they run on the row itself."""
-    r = tl.program_id(0)
-    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
-                                        stride_or, raw_ptr, stride_rr)
-    if n <= K:
-        _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
-    else:
-        l_row = logit_ptr + r.to(tl.int64) * stride_lr
-        s_pos = scratch_ptr + r.to(tl.int64) * CAP
-        count = n
-        use_list = n < 0  # False, as a device value
-        if n > DIRECT:
-            # pass A: windowed histogram, anchored on a strided sample's maximum
-            base = _window_base(l_row, n, CH, 1, MSH, ANCHOR)
-            hist = tl.zeros([NB], tl.int32)
-            n_ld = _round4(n, max_len)
-            for start in range(0, n, CH):
-                key, _pos, m = _source(l_row, s_pos, s_pos, start, n, n_ld, 0, CH)
-                d = _window_digit(key, base, NB, MSH)
-                hist += tl.histogram(tl.where(m, d, 0), NB)
-            bins = tl.arange(0, NB)
-            hist = tl.where(bins == 0, hist - (tl.cdiv(n, CH) * CH - n), hist)
-            sel, k_rem, n_sel = _select_bin(hist, K, NB)
-            n_list = K - k_rem + n_sel
-            if n_list <= CAP:
-                # pass B: the candidate list (digit >= sel), in position order
-                at = tl.zeros([], tl.int32)
-                for start in range(0, n, CH):
-                    key, pos, m = _source(l_row, s_pos, s_pos, start, n, n_ld, 0, CH)
-                    d = _window_digit(key, base, NB, MSH)
-                    keep = m & (d >= sel)
-                    keep_i = keep.to(tl.int32)
-                    dst = at + tl.cumsum(keep_i, 0) - keep_i
-                    tl.store(s_pos + dst, pos, mask=keep)
-                    at += tl.sum(keep_i, 0)
-                count = n_list
-                use_list = n_list >= 0  # True
-                tl.debug_barrier()  # the list is written and read by different threads
-        if use_list:
-            prefix, shift, k_rem = _radix_select(l_row, s_pos, s_pos, count, CAP, K, 1, CH)
-            _write_selected(l_row, s_pos, s_pos, count, CAP, prefix, shift, k_rem, pt_row,
-                            page_size, o_row, raw_row, WRITE_RAW, 1, CH)
-        else:
-            prefix, shift, k_rem = _radix_select(l_row, s_pos, s_pos, count, max_len, K, 0, CH)
-            _write_selected(l_row, s_pos, s_pos, count, max_len, prefix, shift, k_rem, pt_row,
-                            page_size, o_row, raw_row, WRITE_RAW, 0, CH)
-
-
 # ---------------------------------------------------------------------------------------------
-# Three-launch top-k ("radix3"): the row scans split over several programs per row.
+# The top-k: three launches, the row scans split over several programs per row.
 
 
 @triton.jit
@@ -556,7 +366,7 @@ def _split_hist_kernel(
     """radix3 launch A, program ``(row, p)``: the windowed-digit histogram of chunk ``p`` of a row
     longer than ``DIRECT``, stored (not added) at ``hist[row, p]``, so no buffer needs zeroing.
     Every program derives the same window from the same strided sample; program 0 stores it
-    and zeroes the row's arrival counter (used when B and C are fused)."""
+    and zeroes the row's arrival counter (the fused B+C experiment uses it)."""
     r = tl.program_id(0)
     sp = tl.program_id(1)
     n = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), max_len)
@@ -713,7 +523,7 @@ def _split_select_kernel(
 ):
     """radix3 launch C, one program per row: the exact select and the write on the row's list
     (``_select_list``), or, for rows up to ``DIRECT`` keys and lists over ``CAP``, on the row
-    itself, as radix1."""
+    itself."""
     r = tl.program_id(0)
     n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
                                         stride_or, raw_ptr, stride_rr)
@@ -740,50 +550,6 @@ def _split_select_kernel(
                         CH)
 
 
-@triton.jit
-def _split_compact_select_kernel(
-    logit_ptr, stride_lr, len_ptr, pt_ptr, stride_pt, page_size, hist_ptr, base_ptr, cnt_ptr,
-    lpos_ptr, lkey_ptr, out_ptr, stride_or, raw_ptr, stride_rr, max_len,
-    K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, SCH: tl.constexpr, CAP: tl.constexpr,
-    NB: tl.constexpr, MSH: tl.constexpr, DIRECT: tl.constexpr, P: tl.constexpr,
-    WRITE_RAW: tl.constexpr,
-):
-    """radix3 launches B and C fused (``fuse=True``): each program compacts its chunk, then
-    counts itself in on the row's arrival counter (zeroed by launch A); the last of the row's
-    ``P`` programs runs the select on the finished list, so no third launch is needed.
-
-    Ordering (the pattern of CUTLASS's ``Semaphore``): a CTA barrier after the list stores,
-    then one thread's ``acq_rel`` atomic at GPU scope; the last program reads the list through
-    L2 (``.cg``). Rows that need no list are done by program 0 alone."""
-    r = tl.program_id(0)
-    sp = tl.program_id(1)
-    n, pt_row, o_row, raw_row = _row_io(r, len_ptr, max_len, pt_ptr, stride_pt, out_ptr,
-                                        stride_or, raw_ptr, stride_rr)
-    l_row = logit_ptr + r.to(tl.int64) * stride_lr
-    if n <= K:
-        if sp == 0:
-            _emit_short_row(n, pt_row, page_size, o_row, raw_row, K, KP, WRITE_RAW)
-    elif n <= DIRECT:
-        if sp == 0:
-            _select_row(l_row, n, max_len, pt_row, page_size, o_row, raw_row, K, WRITE_RAW, SCH)
-    else:
-        lh, sel, k_rem, n_sel, n_list = _split_threshold(hist_ptr, r, K, NB, P)
-        if n_list > CAP:
-            if sp == 0:
-                _select_row(l_row, n, max_len, pt_row, page_size, o_row, raw_row, K, WRITE_RAW,
-                            SCH)
-        else:
-            base = tl.load(base_ptr + r)
-            s_pos = lpos_ptr + r.to(tl.int64) * CAP
-            s_key = lkey_ptr + r.to(tl.int64) * CAP
-            _compact_chunk(l_row, s_pos, s_key, lh, sel, base, n, sp, max_len, NB, MSH, P, CH)
-            tl.debug_barrier()  # every thread's list stores precede the release below
-            done = tl.atomic_add(cnt_ptr + r, 1, sem="acq_rel", scope="gpu")
-            if done == P - 1:
-                _select_list(l_row, s_pos, s_key, n_list, sel, k_rem, n_sel, base, pt_row,
-                             page_size, o_row, raw_row, K, CAP, NB, MSH, WRITE_RAW, 3, SCH)
-
-
 def _rows_lens(seq_lens: torch.Tensor, rows: int) -> torch.Tensor:
     if seq_lens.dim() == 2:
         seq_lens = seq_lens[:, 0]
@@ -808,7 +574,7 @@ def indexer_logits(
     nsplit: int | None = None,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 5,  # H200 sweep (NOTES.md v4): 5 stages 110 µs vs 3 stages 129 µs at 128K
+    num_stages: int = 5,  # H200 sweep (notes v4): 5 stages 110 µs vs 3 stages 129 µs at 128K
     contiguous: bool = False,
     aligned: bool = True,  # H200 run (indexer_sweep): 110 -> 89 µs at 128K, 85.6 with prefetch
     prefetch: bool = True,
@@ -860,9 +626,6 @@ def indexer_logits(
     return out
 
 
-TOPK_METHODS = ("auto", "radix1", "radix3", "radix6")
-
-
 def indexer_topk(
     logits: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -873,102 +636,46 @@ def indexer_topk(
     raw_out: torch.Tensor | None = None,
     block: int | None = None,
     nprog: int | None = None,
-    method: str = "auto",
     num_warps: int | None = None,
     cap: int = 4096,
     direct: int | None = None,
-    hist_bits: int = 7,  # H200 sweep (NOTES.md v4): 7/2 61 µs vs 8/3 70 µs at 128K, B=64
+    hist_bits: int = 7,  # H200 sweep (notes v4): 7/2 61 µs vs 8/3 70 µs at 128K, B=64
     mant_bits: int = 2,
     sel_block: int | None = None,
     sel_warps: int | None = None,
-    fuse: bool = False,
 ) -> torch.Tensor:
     """Top-``topk`` slots per row over ``logits[:, :len]`` with the page-to-slot transform.
 
     Returns ``[rows, topk]`` int32 physical slots (-1 padded; ascending position order within
-    the selected set); ``raw_out``, if given, receives the logical positions. Every method gives
-    the same output (exact top-k, ties at the threshold taken in position order).
+    the selected set); ``raw_out``, if given, receives the logical positions. Exact top-k, ties
+    at the threshold taken in position order; nothing at or past a row's length is read.
 
-    ``method``: ``radix1`` is one launch with one program per row (module docstring; tunables
-    ``block`` keys per step (default 2048), ``num_warps`` (16), ``cap`` candidate-list entries,
-    ``direct`` (rows up to this length skip the windowed pass; default 4096),
-    ``hist_bits``/``mant_bits`` of the windowed digit). ``radix3`` (``direct`` default
-    ``topk``) splits the row scans over ``nprog`` programs per row
-    (default ``radix3_nprog``: about four programs per SM) with ``block``/``num_warps``
-    (default ``R3_BLOCK``/``R3_WARPS``), and selects on the list with ``sel_block``/
-    ``sel_warps`` (``R3_SEL_BLOCK``/``R3_SEL_WARPS``) in a third launch, or with ``fuse`` in
-    the last of each row's compaction programs. ``radix6`` is the earlier six-launch version
-    (``nprog`` programs per row, ``block`` default 2048, 8 warps). ``auto`` takes ``radix3``,
-    a static (capture-safe) choice that cannot see the row lengths. H200, B=64, top-k share of
-    logits + top-k (indexer_sweep run 3): 128K 34.2 µs (radix1 58.1), 64K 25.3 (36.2), but
-    16K 32.4 (17.8) and 4K 16.8 (10.9), where its three launches have little work; B=8 with
-    1M-token rows 42.0 (radix6 120.7, radix1 358.9).
+    Tunables (sweeps; the output does not depend on them): ``nprog`` programs per row for the
+    two row scans (default :func:`radix3_nprog`, about four per SM), ``block``/``num_warps``
+    of those scans (``R3_BLOCK``/``R3_WARPS``), ``sel_block``/``sel_warps`` of the select
+    (``R3_SEL_BLOCK``/``R3_SEL_WARPS``), ``cap`` candidate-list entries, ``direct`` (rows up to
+    this length skip the list; default ``topk``), ``hist_bits``/``mant_bits`` of the windowed
+    digit. Earlier methods (one program per row, six launches, B and C fused) are in
+    ``kernels/experimental``.
     """
     rows = logits.shape[0]
     lens = _rows_lens(seq_lens, rows)
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    if method not in TOPK_METHODS:
-        raise ValueError(f"method must be one of {TOPK_METHODS}, got {method!r}")
     if out is None:
         out = torch.empty(rows, topk, dtype=torch.int32, device=logits.device)
     raw = raw_out if raw_out is not None else out
-    if method == "auto":
-        method = "radix3"
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    max_len = logits.shape[1]
-    if method == "radix1":
-        _topk_radix1(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
-                     max_len, block or 2048, num_warps or 16, cap,
-                     4096 if direct is None else direct, hist_bits, mant_bits)
-        return out
-    if method == "radix3":
-        _topk_radix3(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
-                     max_len, nprog or radix3_nprog(rows, device_sms(logits)),
-                     block or R3_BLOCK, num_warps or R3_WARPS, sel_block or R3_SEL_BLOCK,
-                     sel_warps or R3_SEL_WARPS, cap, topk if direct is None else direct,
-                     hist_bits, mant_bits, fuse)
-        return out
-    block = block or 2048
-    if nprog is None:
-        nprog = max(1, min(32, triton.next_power_of_2(max(1, 2 * device_sms(logits) // rows))))
-    if nprog & (nprog - 1):
-        raise ValueError(f"nprog must be a power of two, got {nprog}")
-    hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=logits.device)
-    cnt = torch.empty(rows, nprog, 2, dtype=torch.int32, device=logits.device)
-    grid = (rows, nprog)
-    for p in range(4):
-        _topk_hist_kernel[grid](logits, logits.stride(0), lens, hist, max_len, K=topk, PASS=p,
-                                NPROG=nprog, BLOCK=block, num_warps=8)
-    _topk_count_kernel[grid](logits, logits.stride(0), lens, hist, cnt, max_len, K=topk,
-                             NPROG=nprog, BLOCK=block, num_warps=8)
-    _topk_write_kernel[grid](
-        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist, cnt,
-        out, out.stride(0), raw, raw.stride(0), max_len,
-        K=topk, KP=triton.next_power_of_2(topk), NPROG=nprog, BLOCK=block,
-        WRITE_RAW=raw_out is not None, num_warps=8,
-    )
+    _topk_radix3(logits, lens, page_table, page_size, topk, out, raw, raw_out is not None,
+                 logits.shape[1], nprog or radix3_nprog(rows, device_sms(logits)),
+                 block or R3_BLOCK, num_warps or R3_WARPS, sel_block or R3_SEL_BLOCK,
+                 sel_warps or R3_SEL_WARPS, cap, topk if direct is None else direct,
+                 hist_bits, mant_bits)
     return out
 
 
-def _topk_radix1(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
-                 page_size: int, topk: int, out: torch.Tensor, raw: torch.Tensor, write_raw: bool,
-                 max_len: int, block: int, num_warps: int, cap: int, direct: int, hist_bits: int,
-                 mant_bits: int) -> None:
-    """Launch the one-program-per-row top-k (checks its tunables first)."""
-    nb, msh, anchor = _window_consts(topk, block, cap, hist_bits, mant_bits)
-    rows = logits.shape[0]
-    scratch = torch.empty(rows, cap, dtype=torch.int32, device=logits.device)
-    _topk_row_kernel[(rows,)](
-        logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, scratch,
-        out, out.stride(0), raw, raw.stride(0), max_len,
-        K=topk, KP=triton.next_power_of_2(topk), CH=block, CAP=cap, DIRECT=max(direct, topk),
-        NB=nb, MSH=msh, ANCHOR=anchor, WRITE_RAW=write_raw, num_warps=num_warps,
-    )
-
-
-# radix3 defaults (H200, ``python -m dsv4_kernels.indexer_sweep``, B=64, 128K): block 1024 x 4
+# radix3 defaults (H200, ``tools/indexer_sweep.py``, B=64, 128K): block 1024 x 4
 # warps 36.4 µs vs 2048 x 8 40.6, 512 x 4 37.3; nprog 8 vs 4 38.4, 16 37.8; select 1024 x 4
 # 35.9 vs 2048 x 8 36.4 vs 2048 x 16 36.6. radix3 sends every row longer than k through the
 # list (``direct`` default k): its select on the row itself (one program per row) cost more at
@@ -1001,11 +708,12 @@ def _topk_radix3(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
                  page_size: int, topk: int, out: torch.Tensor, raw: torch.Tensor, write_raw: bool,
                  max_len: int, nprog: int, block: int, num_warps: int, sel_block: int,
                  sel_warps: int, cap: int, direct: int, hist_bits: int, mant_bits: int,
-                 fuse: bool, stages: int = 3, sample: int = 1024) -> None:
+                 stages: int = 3, sample: int = 1024
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the split top-k: chunk histograms (A) and the list compaction (B) on ``nprog``
-    programs per row, then the select on the list (C) with one program per row, or, with
-    ``fuse``, in the last of the row's B programs. ``stages`` < 3 stops early (the sweep's
-    per-launch breakdown; the output is then incomplete)."""
+    programs per row, then the select on the list (C) with one program per row. ``stages`` < 3
+    stops early (the sweep's per-launch breakdown, the experiments' fused B+C; the output is
+    then incomplete). Returns the scratch (hist, base, cnt, lpos, lkey)."""
     if nprog < 1 or nprog & (nprog - 1):
         raise ValueError(f"nprog must be a power of two, got {nprog}")
     nb, msh, anchor = _window_consts(topk, block, cap, hist_bits, mant_bits)
@@ -1024,28 +732,22 @@ def _topk_radix3(logits: torch.Tensor, lens: torch.Tensor, page_table: torch.Ten
         CH=block, SAMPLE=sample, RUN=16, NB=nb, MSH=msh, ANCHOR=anchor, DIRECT=direct, P=nprog,
         num_warps=num_warps,
     )
+    scratch = (hist, base, cnt, lpos, lkey)
     if stages < 2:
-        return
-    if fuse:
-        _split_compact_select_kernel[grid](
-            logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist,
-            base, cnt, lpos, lkey, out, out.stride(0), raw, raw.stride(0), max_len,
-            K=topk, KP=kp, CH=block, SCH=sel_block, CAP=cap, NB=nb, MSH=msh, DIRECT=direct,
-            P=nprog, WRITE_RAW=write_raw, num_warps=num_warps,
-        )
-        return
+        return scratch
     _split_compact_kernel[grid](
         logits, logits.stride(0), lens, hist, base, lpos, lkey, max_len,
         K=topk, CH=block, CAP=cap, NB=nb, MSH=msh, DIRECT=direct, P=nprog, num_warps=num_warps,
     )
     if stages < 3:
-        return
+        return scratch
     _split_select_kernel[(rows,)](
         logits, logits.stride(0), lens, page_table, page_table.stride(0), page_size, hist, base,
         lpos, lkey, out, out.stride(0), raw, raw.stride(0), max_len,
         K=topk, KP=kp, CH=sel_block, CAP=cap, NB=nb, MSH=msh,
         DIRECT=direct, P=nprog, WRITE_RAW=write_raw, num_warps=sel_warps,
     )
+    return scratch
 
 
 def dsa_indexer(

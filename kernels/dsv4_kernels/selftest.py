@@ -1,7 +1,8 @@
 """On-host self-test run by ``dsv4ctl apply`` before switching the engine to these kernels.
 
-``python -m dsv4_kernels.selftest`` checks, on every visible GPU, the sparse decode and the
-indexer against the float32 references (fresh random inputs, the issue's edge cases), that a
+``python -m dsv4_kernels.selftest`` checks, on every visible GPU, the sparse decode (every
+variant the dispatcher can pick on that device: ``dispatch_variants``) and the indexer against
+the float32 references (fresh random inputs, the issue's edge cases), that a
 CUDA-graph replay reproduces the eager result bit for bit, and times one decode shape. It
 prints one JSON document and exits 0 only if every check passed (1 on a mismatch, 2 when no
 GPU is visible).
@@ -21,7 +22,7 @@ from ._runtime import device_arch, device_max_shared
 from .cases import check_topk, compare_decode, make_decode_case, make_indexer_case
 from .indexer import indexer_logits, indexer_topk
 from .reference import ref_indexer_logits, ref_sparse_decode
-from .sparse_decode import DecodeConfig, available_variants, sparse_mla_decode
+from .sparse_decode import DecodeConfig, dispatch_variants, sparse_mla_decode
 
 DECODE_CASES: list[dict[str, Any]] = [
     dict(batch=3, heads=64, topk=128, extra_topk=512, page_size=256, extra_page_size=64),
@@ -37,7 +38,7 @@ def _decode_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     for spec in DECODE_CASES:
         for nsplit in (1, 2, 5):
             probe = torch.empty(0, device=device)
-            for variant in available_variants(device_max_shared(probe), device_arch(probe)):
+            for variant in dispatch_variants(device_max_shared(probe), device_arch(probe)):
                 if nsplit == 2 and variant != "ws":
                     continue  # two splits take ws's cluster merge; elsewhere the combine, as 5
                 c = make_decode_case(g, device=device, **spec)
@@ -149,10 +150,12 @@ def main() -> int:
         return 2
     import triton
 
+    t0 = time.monotonic()
     devices = [run_device(i) for i in range(torch.cuda.device_count())]
     ok = all(d["ok"] for d in devices)
     print(json.dumps({"ok": ok, "torch": torch.__version__, "triton": triton.__version__,
-                      "devices": devices}, indent=1, default=str))
+                      "wall_s": round(time.monotonic() - t0, 1), "devices": devices},
+                     indent=1, default=str))
     return 0 if ok else 1
 
 

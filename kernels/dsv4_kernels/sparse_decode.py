@@ -19,49 +19,28 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
-* Seven variants, chosen from static shapes, the device's shared memory and architecture
-  (:func:`choose_variant`, numbers in NOTES.md v3-v9): ``wg`` (a Gluon kernel for sm_90 in
-  ``wg_decode.py``: explicit warpgroup layouts, so neither product is computed twice, and
-  the gather copied into shared memory a tile ahead; the H200 default from 5 programs up,
-  218 KB), ``local`` (each program dequantizes its
-  own keys, two tiles at a time, into a private bf16 slot that stays in L2 and attends over
-  it with tile loads Triton pipelines into shared memory; the default where wg cannot run,
-  196 KB at BT 64), ``staged`` (the same in two launches through a whole-batch scratch;
-  selectable), ``dsplit`` (two
-  programs per row split the V columns; a handful of rows), ``pf`` (one loop over SWA + extra
-  tiles with the next tile's loads issued a step ahead; 82 KB at BT 16 on sm_120, the choice on
-  sm_120's 99 KB), ``full`` (one [BT, 512] gather per tile converted in registers; parts with
-  160-200 KB) and ``gp`` (the fused gather in 64-column chunks, pipelined with cp.async; as
-  fast as staged at B=64 without its scratch, selectable).
+* Six shipped variants (:class:`DecodeConfig`), picked by :func:`choose_variant` from static
+  shapes, the device's shared memory and architecture: ``pf`` on sm_120 (the deploy target),
+  ``ws``/``wg``/``dsplit`` on sm_90, ``local``/``full`` where those cannot run. The Gluon
+  variants live in ``wg_decode.py``/``ws_decode.py``; pieces all variants share in
+  ``decode_common.py``. Variants no dispatch picks live in ``kernels/experimental`` and plug
+  in through :func:`register_variant`. Measurements: notes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from ._runtime import device_arch, device_max_shared, device_sms, interpreting
+from .decode_common import LOG2E, _Keys, _keys_of, _model1_slots, _split_range, page_log2
 from .layout import BYTES_PER_TOKEN, HEAD_DIM, flat_bytes, model1_geometry
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-
-
-@triton.jit
-def _model1_slots(idx, ps, pb):
-    """Byte offsets of each slot's 576 data bytes and of its 8 scale bytes in a flat MODEL1
-    cache of ``ps`` tokens and ``pb`` bytes per page (layout.py). Index -1 maps to slot 0;
-    callers mask those loads. max() rather than where(valid, ...): Triton 3.6's
-    layout-conversion removal fails on a select fed by pf's loop-carried indices (seen
-    compiling for sm_90 with Triton 3.6.0)."""
-    safe = tl.maximum(idx, 0).to(tl.int64)
-    page = safe // ps
-    off = safe - page * ps
-    return page * pb + off * 576, page * pb + ps * 576 + off * 8
 
 
 @triton.jit
@@ -106,7 +85,7 @@ def _attend_tile(
     their own scale, then the BF16 rope chunk) so that no [BT, 512] gather with per-element
     64-bit addresses is ever live; this program then accumulates ``P V`` only for chunks
     ``c0 .. c0+3`` (re-read from L1), which halves the fp32 accumulator. Both changes remove the
-    register spills of the first version (NOTES.md v1, v2).
+    register spills of the first version (notes v1, v2).
     """
     offs_t = t_start + tl.arange(0, BT)
     in_range = offs_t < n_valid
@@ -182,30 +161,6 @@ def _load_q_chunks(q_ptr, row_off, heads, hmask, stride_qh, DT: tl.constexpr):
 
 
 @triton.jit
-def _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN: tl.constexpr,
-                 HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr, NSPLIT: tl.constexpr,
-                 BT: tl.constexpr):
-    """Valid lengths read on the device and this split's share ``[lo, hi)`` of the row's tiles
-    (SWA tiles first, then the extra ones): the adaptive split-K cut."""
-    n_a = a_topk
-    if A_HAS_LEN:
-        n_a = tl.minimum(tl.load(a_len + bidx), a_topk)
-    n_a = tl.maximum(n_a, 0)
-    n_b = 0
-    if HAS_B:
-        n_b = b_topk
-        if B_HAS_LEN:
-            n_b = tl.minimum(tl.load(b_len + bidx), b_topk)
-        n_b = tl.maximum(n_b, 0)
-    tiles_a = tl.cdiv(n_a, BT)
-    total = tiles_a + tl.cdiv(n_b, BT)
-    per = tl.cdiv(total, NSPLIT)
-    lo = sp * per
-    hi = tl.minimum(lo + per, total)
-    return n_a, n_b, tiles_a, lo, hi
-
-
-@triton.jit
 def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
                 lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK: tl.constexpr,
                 NSPLIT: tl.constexpr, SCALED: tl.constexpr):
@@ -218,7 +173,7 @@ def _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, strid
     has = l_i > 0.0
     safe_l = tl.where(has, l_i, 1.0)
     # one factor a row, not a division an element: a full-range fp32 division is four
-    # instructions an element (NOTES.md v13)
+    # instructions an element (notes v13)
     f = 1.0 / safe_l
     lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
     if NSPLIT == 1:
@@ -431,23 +386,6 @@ def _sparse_decode_full_kernel(
 
 
 @triton.jit
-def _keys_of(first, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb):
-    """The cache of the SWA list (``first``) or of the extra list: its bytes, its BF16 view,
-    tokens per page and bytes per page."""
-    if first:
-        u8 = a_u8
-        bf = a_bf16
-        ps = a_ps
-        pb = a_pb
-    else:
-        u8 = b_u8
-        bf = b_bf16
-        ps = b_ps
-        pb = b_pb
-    return u8, bf, ps, pb
-
-
-@triton.jit
 def _pf_load_idx(a_row, b_row, t, tiles_a, n_a, n_b, hi, BT: tl.constexpr):
     """Indices of tile ``t`` of the concatenated SWA + extra range (-1 past the valid end)."""
     offs = tl.arange(0, BT)
@@ -466,7 +404,7 @@ def _pf_gather(a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb, t, tiles_a, i
     """Issue the loads of one MODEL1 tile: FP8 bytes, scale bytes and BF16 rope (raw, unconverted).
 
     Returned tensors are consumed one loop iteration later, so their memory latency overlaps the
-    matrix products of the current tile (a register double buffer; NOTES.md v4).
+    matrix products of the current tile (a register double buffer; notes v4).
     """
     u8, bf, ps, pb = _keys_of(t < tiles_a, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
     valid = idx >= 0
@@ -559,155 +497,6 @@ def _sparse_decode_pf_kernel(
 
 
 @triton.jit
-def _gp_chunk(raw, e, DT: tl.constexpr):
-    """One FP8 chunk [BT, 64] times its UE8M0 scales [BT] (exact in bf16: a power of two)."""
-    scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    return (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DT)
-
-
-@triton.jit
-def _gp_tile(u8, bf, i_row, t, n, ps, pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i,
-             a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT: tl.constexpr, DT: tl.constexpr,
-             PREC: tl.constexpr):
-    """One tile of ``gp``: every load first (indices, then seven FP8 chunks, their scales and the
-    rope), so the software pipeliner can issue them stages ahead; then eight 64-wide products
-    per step, accumulated in eight [BH, 64] chunks."""
-    offs = t * BT + tl.arange(0, BT)
-    idx = tl.load(i_row + offs, mask=offs < n, other=-1)
-    valid = idx >= 0
-    base, sbase = _model1_slots(idx, ps, pb)
-    d = tl.arange(0, 64)
-    vm = valid[:, None]
-    r0 = tl.load(u8 + base[:, None] + d[None, :], mask=vm, other=0)
-    r1 = tl.load(u8 + base[:, None] + (64 + d)[None, :], mask=vm, other=0)
-    r2 = tl.load(u8 + base[:, None] + (128 + d)[None, :], mask=vm, other=0)
-    r3 = tl.load(u8 + base[:, None] + (192 + d)[None, :], mask=vm, other=0)
-    r4 = tl.load(u8 + base[:, None] + (256 + d)[None, :], mask=vm, other=0)
-    r5 = tl.load(u8 + base[:, None] + (320 + d)[None, :], mask=vm, other=0)
-    r6 = tl.load(u8 + base[:, None] + (384 + d)[None, :], mask=vm, other=0)
-    rope = tl.load(bf + (base // 2 + 224)[:, None] + d[None, :], mask=vm, other=0.0).to(DT)
-    k0 = _gp_chunk(r0, tl.load(u8 + sbase, mask=valid, other=0), DT)
-    k1 = _gp_chunk(r1, tl.load(u8 + sbase + 1, mask=valid, other=0), DT)
-    k2 = _gp_chunk(r2, tl.load(u8 + sbase + 2, mask=valid, other=0), DT)
-    k3 = _gp_chunk(r3, tl.load(u8 + sbase + 3, mask=valid, other=0), DT)
-    k4 = _gp_chunk(r4, tl.load(u8 + sbase + 4, mask=valid, other=0), DT)
-    k5 = _gp_chunk(r5, tl.load(u8 + sbase + 5, mask=valid, other=0), DT)
-    k6 = _gp_chunk(r6, tl.load(u8 + sbase + 6, mask=valid, other=0), DT)
-    s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
-    s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
-    s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
-    s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
-    s = tl.dot(q4, tl.trans(k4), s, input_precision=PREC)
-    s = tl.dot(q5, tl.trans(k5), s, input_precision=PREC)
-    s = tl.dot(q6, tl.trans(k6), s, input_precision=PREC)
-    s = tl.dot(q7, tl.trans(rope), s, input_precision=PREC)
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    pd = p.to(DT)
-    a0 = tl.dot(pd, k0, a0 * alpha[:, None], input_precision=PREC)
-    a1 = tl.dot(pd, k1, a1 * alpha[:, None], input_precision=PREC)
-    a2 = tl.dot(pd, k2, a2 * alpha[:, None], input_precision=PREC)
-    a3 = tl.dot(pd, k3, a3 * alpha[:, None], input_precision=PREC)
-    a4 = tl.dot(pd, k4, a4 * alpha[:, None], input_precision=PREC)
-    a5 = tl.dot(pd, k5, a5 * alpha[:, None], input_precision=PREC)
-    a6 = tl.dot(pd, k6, a6 * alpha[:, None], input_precision=PREC)
-    a7 = tl.dot(pd, rope, a7 * alpha[:, None], input_precision=PREC)
-    return m_new, l_i, a0, a1, a2, a3, a4, a5, a6, a7
-
-
-@triton.jit
-def _sparse_decode_gp_kernel(
-    q_ptr, stride_qr, stride_qh,
-    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
-    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
-    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr,
-    H, s_q, qk_scale,
-    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
-    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-):
-    """Fused gather + attention in 64-column chunks, loads pipelined ``STAGES`` tiles ahead.
-
-    Unlike ``full`` (one [BT, 8, 64] gather converted in registers), each chunk is a plain
-    [BT, 64] gather that Triton can copy asynchronously into shared memory, then dequantize on
-    the way to the tensor cores; no scratch buffer, only the cache's own bytes are read.
-    """
-    r = tl.program_id(0)
-    hb = tl.program_id(1)
-    sp = tl.program_id(2)
-    bidx = r // s_q
-    if DOT_F32:
-        DT: tl.constexpr = tl.float32
-        PREC: tl.constexpr = "ieee"
-    else:
-        DT: tl.constexpr = tl.bfloat16
-        PREC: tl.constexpr = "tf32"
-    heads = hb * BH + tl.arange(0, BH)
-    hmask = heads < H
-    q0, q1, q2, q3, q4, q5, q6, q7 = _load_q_chunks(q_ptr, r.to(tl.int64) * stride_qr, heads,
-                                                    hmask, stride_qh, DT)
-    n_a, n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
-                                             A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
-    m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
-    a0 = tl.zeros([BH, 64], tl.float32)
-    a1 = tl.zeros([BH, 64], tl.float32)
-    a2 = tl.zeros([BH, 64], tl.float32)
-    a3 = tl.zeros([BH, 64], tl.float32)
-    a4 = tl.zeros([BH, 64], tl.float32)
-    a5 = tl.zeros([BH, 64], tl.float32)
-    a6 = tl.zeros([BH, 64], tl.float32)
-    a7 = tl.zeros([BH, 64], tl.float32)
-    a_row = a_idx + r.to(tl.int64) * stride_ar
-    for t in tl.range(lo, tl.minimum(hi, tiles_a), num_stages=STAGES):
-        m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _gp_tile(
-            a_u8, a_bf16, a_row, t, n_a, a_ps, a_pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i,
-            a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT, DT, PREC)
-    if HAS_B:
-        b_row = b_idx + r.to(tl.int64) * stride_br
-        for t in tl.range(tl.maximum(lo, tiles_a) - tiles_a, hi - tiles_a, num_stages=STAGES):
-            m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _gp_tile(
-                b_u8, b_bf16, b_row, t, n_b, b_ps, b_pb, q0, q1, q2, q3, q4, q5, q6, q7, m_i,
-                l_i, a0, a1, a2, a3, a4, a5, a6, a7, qk_scale, BT, DT, PREC)
-
-    has = l_i > 0.0
-    safe_l = tl.where(has, l_i, 1.0)
-    lse2 = tl.where(has, m_i + tl.math.log2(safe_l), float("-inf"))
-    f = 1.0 / safe_l
-    if NSPLIT == 1:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
-            f = f * (1.0 / (1.0 + tl.exp(sink - lse)))
-        f = tl.where(has, f, 0.0)
-        tl.store(lse_ptr + bidx * H * s_q + heads * s_q + (r - bidx * s_q),
-                 tl.where(has, lse, float("inf")), mask=hmask)
-        dst = o_ptr
-        row = r.to(tl.int64) * stride_or
-        sh = stride_oh
-    else:
-        prow = (r * NSPLIT + sp).to(tl.int64) * H
-        tl.store(lp_ptr + prow + heads, lse2, mask=hmask)
-        dst = op_ptr
-        row = prow * 512
-        sh = 512
-    fc = f[:, None]
-    _store_chunk(dst, row, heads, hmask, sh, 0, a0 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 1, a1 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 2, a2 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 3, a3 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 4, a4 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 5, a5 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 6, a6 * fc)
-    _store_chunk(dst, row, heads, hmask, sh, 7, a7 * fc)
-
-
-@triton.jit
 def _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG: tl.constexpr, LOAD_EV: tl.constexpr):
     """Issue the loads of keys ``[loc, loc + BG)`` of one index list: raw FP8 bytes [BG, 8, 64]
     (chunk 7 masked off), their scale bytes [BG, 8] and the BF16 rope [BG, 64], unconverted.
@@ -765,94 +554,6 @@ def _stage_tile(a_u8, a_bf16, a_row, n_a, a_ps, a_pb, b_u8, b_bf16, b_row, n_b, 
 
 
 @triton.jit
-def _stage_kernel(
-    a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
-    b_u8, b_bf16, b_idx, stride_br, b_len, b_topk, b_ps, b_pb,
-    kv_ptr, ok_ptr, s_q, A_PAD, T_PAD,
-    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    BT: tl.constexpr, BG: tl.constexpr, LOAD_EV: tl.constexpr, STORE_EV: tl.constexpr,
-):
-    """Phase 1 of ``staged``: gather and dequantize ``BG`` keys of one row, once, into the
-    row's contiguous [T_PAD, 512] tile buffer (SWA keys at ``[0, A_PAD)``, extra keys after).
-
-    Only blocks inside the tiles phase 2 will read (``cdiv(len, BT) * BT`` per list) are
-    written; invalid or out-of-range keys there become zero rows with ``ok = 0``, so phase 2
-    needs neither the indices nor a mask on its loads.
-    """
-    r = tl.program_id(0)
-    j0 = tl.program_id(1) * BG
-    bidx = r // s_q
-    n_a, n_b, _tiles_a, _lo, _hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, 0,
-                                                A_HAS_LEN, HAS_B, B_HAS_LEN, 1, BT)
-    u8, bf, ps, pb = _keys_of(j0 < A_PAD, a_u8, a_bf16, a_ps, a_pb, b_u8, b_bf16, b_ps, b_pb)
-    if j0 < A_PAD:
-        i_row = a_idx + r.to(tl.int64) * stride_ar
-        loc = j0
-        n = n_a
-    else:
-        i_row = b_idx + r.to(tl.int64) * stride_br
-        loc = j0 - A_PAD
-        n = n_b
-    if loc < tl.cdiv(n, BT) * BT:
-        at = r.to(tl.int64) * T_PAD + j0
-        raw, scr, rope, valid = _stage_gather(u8, bf, i_row, loc, n, ps, pb, BG, LOAD_EV)
-        _stage_put(raw, scr, rope, valid, kv_ptr + at * 512, ok_ptr + at, BG, STORE_EV)
-
-
-@triton.jit
-def _sparse_decode_staged_kernel(
-    q_ptr, stride_qr, stride_qh, kv_ptr, ok_ptr,
-    a_len, a_topk, b_len, b_topk,
-    sink_ptr, o_ptr, stride_or, stride_oh, lse_ptr,
-    op_ptr, lp_ptr,
-    H, s_q, qk_scale, A_PAD, T_PAD,
-    A_HAS_LEN: tl.constexpr, HAS_B: tl.constexpr, B_HAS_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr, NSPLIT: tl.constexpr,
-    BH: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr,
-    LOAD_EV: tl.constexpr,
-    SCALED: tl.constexpr, ks_ptr,
-):
-    """Phase 2 of ``staged``: attention over the row's contiguous dequantized tiles.
-
-    The tile loads carry no indices and no data-dependent addresses, so Triton's software
-    pipeliner can stream them into shared memory ``STAGES`` tiles ahead (cp.async) and feed
-    both products from there: no [BT, 512] tile passes through registers, which is what
-    capped the fused kernels (255 registers and spills, NOTES.md v4).
-    """
-    r = tl.program_id(0)
-    hb = tl.program_id(1)
-    sp = tl.program_id(2)
-    bidx = r // s_q
-    if DOT_F32:
-        DT: tl.constexpr = tl.float32
-        PREC: tl.constexpr = "ieee"
-    else:
-        DT: tl.constexpr = tl.bfloat16
-        PREC: tl.constexpr = "tf32"
-    heads = hb * BH + tl.arange(0, BH)
-    hmask = heads < H
-    q = _load_q_full(q_ptr, r.to(tl.int64) * stride_qr, heads, hmask, stride_qh, DT)
-    _n_a, _n_b, tiles_a, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp,
-                                               A_HAS_LEN, HAS_B, B_HAS_LEN, NSPLIT, BT)
-    m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, 512], tl.float32)
-    kv_row = kv_ptr + r.to(tl.int64) * T_PAD * 512
-    ok_row = ok_ptr + r.to(tl.int64) * T_PAD
-    offs_t = tl.arange(0, BT)
-    dd = tl.arange(0, 512)
-    for t in tl.range(lo, hi, num_stages=STAGES):
-        pos = tl.where(t < tiles_a, t * BT, A_PAD + (t - tiles_a) * BT)
-        k = tl.load(kv_row + (pos + offs_t)[:, None] * 512 + dd[None, :],
-                    eviction_policy=LOAD_EV).to(DT)
-        valid = tl.load(ok_row + pos + offs_t) != 0
-        m_i, l_i, acc = _attend_full_tile(q, k, valid, m_i, l_i, acc, qk_scale, DT, PREC)
-
-    _store_full(acc, m_i, l_i, heads, hmask, r, sp, bidx, sink_ptr, o_ptr, stride_or, stride_oh,
-                lse_ptr, op_ptr, lp_ptr, ks_ptr, H, s_q, HAS_SINK, NSPLIT, SCALED)
-
-
-@triton.jit
 def _sparse_decode_local_kernel(
     q_ptr, stride_qr, stride_qh,
     a_u8, a_bf16, a_idx, stride_ar, a_len, a_topk, a_ps, a_pb,
@@ -871,7 +572,7 @@ def _sparse_decode_local_kernel(
     ``ROUND`` tiles, then attends over them, round after round.
 
     Why: in two launches the 42 MB scratch of B=64 / top-k 512 is written in full before it is
-    read, so it falls out of L2 (hit rate 30%, NOTES.md v5) and costs DRAM twice. Here a slot
+    read, so it falls out of L2 (hit rate 30%, notes v5) and costs DRAM twice. Here a slot
     is read back by the program that wrote it a few microseconds earlier, and all slots in flight
     together take programs x ROUND x BT x 1 KB of L2. The barriers order one program's stores
     before its pipelined reads, and its reads before the next round overwrites the slot.
@@ -977,34 +678,33 @@ def _combine_kernel(
 class DecodeConfig:
     """Kernel variant and tiles. ``None`` fields are chosen from static shapes.
 
-    ``variant``: ``"full"`` (one program per row x head block gathers, dequantizes and
-    accumulates all 512 output columns), ``"dsplit"`` (two programs per row x head block, each
-    accumulating 256 columns after a shared ``Q K^T``: for a handful of rows), ``"pf"`` (full
-    width, one loop over SWA + extra tiles with the next tile's loads issued a step ahead; fits
-    99 KB), ``"staged"`` (keys dequantized once per row into a contiguous scratch, then an
-    attention whose tile loads Triton pipelines into shared memory), ``"local"`` (staged inside
-    one launch: each program stages ``stage_round`` tiles into a private slot, attends over
-    them, and repeats), ``"gp"``, ``"wg"`` (wg_decode.py: a Gluon kernel for sm_90 whose two
-    warpgroups split ``Q K^T`` by keys and ``P V`` by columns, with the gather copied into
-    shared memory by cp.async a tile ahead; the sm_90 default from 5 programs up where ws is
-    not taken) or ``"ws"`` (ws_decode.py: wg's products fed by a producer warpgroup that
-    dequantizes into two K buffers; the sm_90 default from 8 programs up on pages of a
-    power-of-two size). Numbers: NOTES.md v1-v11.
+    ``variant`` (the shipped ones; :func:`choose_variant` says which device takes which):
+    ``"pf"`` (one program per row x head block, one loop over SWA + extra tiles with the next
+    tile's indices and bytes loaded a step ahead; the only variant that fits sm_120's 99 KB),
+    ``"dsplit"`` (two programs per row x head block, each accumulating 256 of the 512 output
+    columns after a shared ``Q K^T``: for a handful of rows on large-shared-memory parts),
+    ``"full"`` (pf's product without the prefetch, one [BT, 512] gather per tile; parts with
+    160-200 KB), ``"local"`` (each program dequantizes ``stage_round`` tiles into a private
+    L2-resident slot and attends over them with pipelined tile loads; sm_90 where the Gluon
+    kernels refuse the inputs), ``"wg"`` (wg_decode.py: Gluon, sm_90, two warpgroups split
+    ``Q K^T`` by keys and ``P V`` by columns, the gather copied into shared memory a tile
+    ahead) and ``"ws"`` (ws_decode.py: wg's products fed by a producer warpgroup; the sm_90
+    default from 8 programs up on power-of-two pages). Experiments registered with
+    :func:`register_variant` (``kernels/experimental``) are accepted by name too.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
-    variant supports it: full, pf, staged, local, wg, ws) stores each head's partial scaled by
-    a power of two into fp16 plus the exponent; ``"fp32"`` (the default for dsplit and gp)
-    costs twice the bytes; ``"bf16"`` is a sweep knob only: its 8-bit significand, amplified
-    when splits nearly cancel, failed the reference tolerance in CI (NOTES.md v6-v7).
+    variant's epilogue computes a per-head scale: :data:`SCALED_VARIANTS`) stores each head's
+    partial scaled by a power of two into fp16 plus the exponent; ``"fp32"`` (default for
+    dsplit) costs twice the bytes; ``"bf16"`` is a sweep knob only (its 8-bit significand fails
+    the reference tolerance when splits nearly cancel).
 
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
-    ``stage_block`` (keys per gather: staged 32, local one tile), ``stage_warps`` (staged),
+    ``stage_block`` (keys per staging gather; local: one tile), ``stage_warps`` (experiments),
     ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
     the cache past L2 and keep the scratch in it), ``pipeline`` (wg: dequantize the next tile
-    during this tile's ``P V``; False is the sequential schedule, NOTES.md v9), ``pair`` (ws
-    with two splits: launch each row's splits as a cluster of two CTAs that merge their halves
-    in the kernel instead of the combine launch; None or True where the Triton launcher allows
-    it, False for the combine).
+    during this tile's ``P V``; False is the sequential schedule), ``pair`` (ws with two
+    splits: each row's splits as a cluster of two CTAs that merge in the kernel; False for the
+    combine launch).
     """
 
     block_h: int = 64
@@ -1024,16 +724,16 @@ class DecodeConfig:
 
 
 DEFAULT_CONFIG = DecodeConfig()
-# Default tiles per variant: block_t, num_stages, num_warps (H200 sweeps, NOTES.md v3-v5).
+# Default tiles per shipped variant: block_t, num_stages, num_warps (H200 sweeps,
+# notes).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "staged": (64, 2, 8), "gp": (32, 3, 8), "local": (64, 2, 8),
-                  "wg": (64, 2, 8), "ws": (64, 3, 8)}
+                  "local": (64, 2, 8), "wg": (64, 2, 8), "ws": (64, 3, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
 # on sm_120.
 _FULL_SMEM = 160 * 1024
-# "staged" and "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
+# "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
 # "wg" (wg_decode.py) at BT 64 / 2 raw stages: 217.6 KB (Q 64 + K 64 + P 8 + two stages of
@@ -1042,7 +742,7 @@ _WG_SMEM = 218 * 1024
 # "ws" (ws_decode.py, BT 64 and a ring of 3 quarter-tile stages, its only tiles): 222.0 KB (Q 64
 # + two K tiles 128 + P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
 _WS_SMEM = 227_364 + 1024
-# Programs (rows x head blocks) from which ws leads wg on an H200 (NOTES.md v11, run 67, side
+# Programs (rows x head blocks) from which ws leads wg on an H200 (notes v11, run 67, side
 # by side: B=8/1024 20.5-20.6 against 20.6-20.7 us, B=64/512 32.3-32.4 against 33.1-33.5,
 # B=128/512 44.3 against 48.8; at B=5 ws loses, 15.8-16.1 against 14.7-14.9). Pages of a
 # power-of-two size only: a runtime division costs ws more than wg (B=64/512 with 61-token
@@ -1050,7 +750,43 @@ _WS_SMEM = 227_364 + 1024
 _WS_MIN_PROGRAMS = 8
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
-SCALED_VARIANTS = frozenset({"full", "pf", "staged", "local", "wg", "ws"})
+SCALED_VARIANTS = frozenset({"full", "pf", "local", "wg", "ws"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """An experimental variant (``kernels/experimental``): its default tiles, whether its
+    epilogue scales fp16 partials, and ``launch(launch, args)``, called with the
+    :class:`_Launch` and a dict of the prepared launch arguments (see ``_Launch.rows``)."""
+
+    tiles: tuple[int, int, int]
+    scaled: bool
+    launch: Callable[[Any, dict[str, Any]], None]
+
+
+_REGISTERED: dict[str, Registered] = {}
+
+
+def register_variant(name: str, tiles: tuple[int, int, int], scaled: bool,
+                     launch: Callable[[Any, dict[str, Any]], None]) -> None:
+    """Make ``DecodeConfig(variant=name)`` run an experimental kernel (for benches and tests;
+    the dispatcher never picks a registered variant, and the self-test never runs one)."""
+    if name in _VARIANT_TILES:
+        raise ValueError(f"{name!r} is a shipped variant; pick another name")
+    _REGISTERED[name] = Registered(tiles, scaled, launch)
+
+
+def _tiles(variant: str) -> tuple[int, int, int]:
+    if variant in _VARIANT_TILES:
+        return _VARIANT_TILES[variant]
+    if variant in _REGISTERED:
+        return _REGISTERED[variant].tiles
+    raise ValueError(f"variant must be one of {sorted(_VARIANT_TILES)} (or a registered "
+                     f"experiment: {sorted(_REGISTERED)}), got {variant!r}")
+
+
+def _scaled(variant: str) -> bool:
+    return variant in SCALED_VARIANTS or (variant in _REGISTERED and _REGISTERED[variant].scaled)
 
 
 @functools.cache
@@ -1061,11 +797,6 @@ def _gluon_ok() -> bool:
     except (ImportError, AttributeError):
         return False
     return True
-
-
-def page_log2(ps: int) -> int:
-    """log2 of a power-of-two page size, else -1 (``ws`` then divides, and is not chosen)."""
-    return ps.bit_length() - 1 if ps > 0 and ps & (ps - 1) == 0 else -1
 
 
 @functools.cache
@@ -1087,9 +818,9 @@ def available_variants(max_shared: int, arch: int | None = None) -> tuple[str, .
     if max_shared >= _STAGED_SMEM:
         wg = ("wg",) if arch == 90 and max_shared >= _WG_SMEM and _gluon_ok() else ()
         ws = ("ws",) if arch == 90 and max_shared >= _WS_SMEM and _gluon_ws_ok() else ()
-        return ("full", "dsplit", "pf", "staged", "gp", "local", *wg, *ws)
+        return ("full", "dsplit", "pf", "local", *wg, *ws)
     if max_shared >= _FULL_SMEM:
-        return ("full", "dsplit", "pf", "gp")
+        return ("full", "dsplit", "pf")
     return ("dsplit", "pf")
 
 
@@ -1097,19 +828,19 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
                    arch: int | None = None, pow2_pages: bool = True) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only.
 
-    H200 measurements, side by side in one run (NOTES.md v8-v11): on sm_90 the warp-specialized
-    Gluon ``ws`` kernel leads from 8 programs up when both caches have pages of a power-of-two
-    size (``pow2_pages``; B=64/512: 32.3-32.4 µs against 33.1-33.5 for ``wg``, run 67), and
-    ``wg`` elsewhere from 5 programs up (B=64/512: 34.6 µs pipelined, 33.4 in acceptance run
-    42, against 53.1 for ``local``; B=64/1024, B=128 and B=8 likewise); for a handful of
-    programs dsplit at BT 64 (B=1: ~18 µs, NOTES.md v4),
-    whose split-K gain is the larger one. Without wgmma
-    (sm_100, or a Triton build whose Gluon cannot compile it) ``local`` leads (B=64/512:
-    52.5-54.0 µs vs 57.5-58.0 for ``staged``, NOTES.md v6). Devices with 99 KB per block
-    (sm_120, sm_89) take pf at BT 16, the fastest variant that fits there (local and staged
-    need 196 KB at BT 64). local allocates a transient scratch of one slot per program, rows x
-    splits x 2 tiles x 64 KB (17 MB at B=64), from the caller's allocator (the graph pool under
-    capture).
+    | device (opt-in shared memory per block)     | programs (rows x head blocks) | variant  |
+    |---------------------------------------------|-------------------------------|----------|
+    | < 160 KB (sm_120 RTX PRO 6000, sm_89)       | any                           | pf       |
+    | >= 160 KB                                   | <= 4                          | dsplit 64|
+    | sm_90 with Gluon + warp specialization      | >= 8, power-of-two pages      | ws       |
+    | sm_90 with Gluon                            | otherwise                     | wg       |
+    | >= 200 KB without wgmma (sm_100, old Triton)| otherwise                     | local    |
+    | 160-200 KB                                  | otherwise                     | full     |
+
+    ``wg``/``ws`` fall back to ``local`` when they refuse the inputs (``_wg_refusal``). The
+    H200 measurements behind each row are in notes ("dispatch"). ``local``
+    allocates a transient scratch of rows x splits x 2 tiles x 64 KB from the caller's
+    allocator (the graph pool under capture).
     """
     if max_shared < _FULL_SMEM:
         return "pf", None
@@ -1121,6 +852,18 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
     if "wg" in variants:
         return "wg", None
     return ("local" if max_shared >= _STAGED_SMEM else "full"), None
+
+
+def dispatch_variants(max_shared: int, arch: int | None) -> tuple[str, ...]:
+    """Every variant :func:`choose_variant` (with the ``wg``/``ws`` refusal fallback) can pick
+    on a device: what the self-test checks and the compile gate compiles."""
+    if max_shared < _FULL_SMEM:
+        return ("pf",)
+    picks = ["dsplit"]
+    variants = available_variants(max_shared, arch)
+    picks += [v for v in ("ws", "wg") if v in variants]
+    picks.append("local" if max_shared >= _STAGED_SMEM else "full")
+    return tuple(picks)
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
@@ -1162,7 +905,7 @@ def _wg_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: t
                 "and the cache and query tensors 16-byte aligned")
     if interpreting() or q.device.type != "cuda":
         return (f"variant '{variant}' is a Gluon kernel for sm_90 GPUs; the Triton interpreter "
-                "cannot run it (use local, pf, full, dsplit, staged or gp)")
+                "cannot run it (use local, pf, full or dsplit)")
     arch = device_arch(q)
     ok = _gluon_ws_ok() if variant == "ws" else _gluon_ok()
     if arch != 90 or not ok:
@@ -1247,12 +990,11 @@ def sparse_mla_decode(
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
                                            device_arch(q), pow2_pages)
     variant = cfg.variant or auto_variant
-    if variant not in _VARIANT_TILES:
-        raise ValueError(f"variant must be one of {sorted(_VARIANT_TILES)}, got {variant!r}")
+    tiles = _tiles(variant)
     block_t = cfg.block_t or (auto_bt if variant == auto_variant and auto_bt else
-                              _VARIANT_TILES[variant][0])
-    num_stages = cfg.num_stages or _VARIANT_TILES[variant][1]
-    num_warps = cfg.num_warps or _VARIANT_TILES[variant][2]
+                              tiles[0])
+    num_stages = cfg.num_stages or tiles[1]
+    num_warps = cfg.num_warps or tiles[2]
     col_blocks = 2 if variant == "dsplit" else 1
     if variant in ("wg", "ws"):
         refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps,
@@ -1280,19 +1022,6 @@ def sparse_mla_decode(
     nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
     launch.rows(q2, lists[0], lists[1], o2, lse, nsplit)
     return out, lse
-
-
-@dataclasses.dataclass(frozen=True)
-class _Keys:
-    """One key list (the SWA list or the extra one) as the kernels take it."""
-
-    u8: torch.Tensor
-    bf: torch.Tensor
-    idx: torch.Tensor
-    length: torch.Tensor | None
-    topk: int
-    ps: int
-    pb: int
 
 
 def _stage_buffers(keys: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1331,10 +1060,10 @@ class _Launch:
         """The split-partial format (``DecodeConfig.partials``), checked against the variant."""
         fmt = self.cfg.partials
         if fmt is None:
-            return "fp16" if self.variant in SCALED_VARIANTS else "fp32"
+            return "fp16" if _scaled(self.variant) else "fp32"
         if fmt not in PARTIALS:
             raise ValueError(f"partials must be one of {list(PARTIALS)}, got {fmt!r}")
-        if fmt == "fp16" and self.variant not in SCALED_VARIANTS:
+        if fmt == "fp16" and not _scaled(self.variant):
             raise ValueError(f"partials='fp16' needs a per-head scale that the {self.variant!r} "
                              f"epilogue does not compute (it has {sorted(SCALED_VARIANTS)}); "
                              "use 'fp32' or leave it None")
@@ -1398,34 +1127,18 @@ class _Launch:
                 LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
                 num_warps=self.num_warps,
             )
-        elif self.variant == "staged":
-            bg = self._stage_block(min(bt, 32))
-            a_pad = triton.cdiv(a.topk, bt) * bt
-            t_pad = a_pad + triton.cdiv(bk.topk, bt) * bt
-            kv, ok = _stage_buffers(rows * t_pad, dev)
-            _stage_kernel[(rows, t_pad // bg)](
-                a.u8, a.bf, a.idx, a.idx.stride(1), a_len, a.topk, a.ps, a.pb,
-                bk.u8, bk.bf, bk.idx, bk.idx.stride(1), b_len, bk.topk, bk.ps, bk.pb,
-                kv, ok, self.s_q, a_pad, t_pad, **flags, BT=bt, BG=bg,
-                LOAD_EV="evict_first" if ev else "", STORE_EV="evict_last" if ev else "",
-                num_warps=self.cfg.stage_warps,
-            )
-            _sparse_decode_staged_kernel[(rows, head_blocks, nsplit)](
-                q2, q2.stride(0), q2.stride(1), kv, ok, a_len, a.topk, b_len, bk.topk,
-                sink, o2, o2.stride(0), o2.stride(1), lse, o_part, l_part,
-                h, self.s_q, self.qk_scale, a_pad, t_pad, **flags, **heads, **scale,
-                STAGES=self.num_stages, LOAD_EV="evict_first" if ev else "",
-                num_warps=self.num_warps,
-            )
+        elif self.variant in _REGISTERED:
+            _REGISTERED[self.variant].launch(self, dict(
+                q2=q2, a=a, bk=bk, o2=o2, lse=lse, o_part=o_part, l_part=l_part, k_part=k_part,
+                scale=scale, sink=sink, a_len=a_len, b_len=b_len, flags=flags, heads=heads,
+                head_blocks=head_blocks, nsplit=nsplit, ev=ev))
         else:
             kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
-                      "pf": _sparse_decode_pf_kernel, "gp": _sparse_decode_gp_kernel}[self.variant]
+                      "pf": _sparse_decode_pf_kernel}[self.variant]
             extra: dict[str, object] = {}
             if self.variant == "pf":
                 extra["PREFETCH"] = self.cfg.prefetch
-            if self.variant == "gp":
-                extra["STAGES"] = self.num_stages
-            if self.variant in SCALED_VARIANTS:
+            if _scaled(self.variant):
                 extra.update(scale)
             kernel[(rows, self.col_blocks * head_blocks, nsplit)](
                 q2, q2.stride(0), q2.stride(1),
@@ -1450,7 +1163,7 @@ def combine_block_h(rows: int, h: int) -> int:
     At 8 heads a thread holds one 16-byte piece per split, and ptxas (Triton 3.6, sm_90) issues
     every load of the program before its first exp2: one memory round trip. At 16 heads it
     places the second half of the loads after the first half's arithmetic. Same-run H200 sweep
-    (NOTES.md v10, ``tools/combine_sweep.py``): 8 heads is faster for small grids (B=8 / top-k
+    (notes v10, ``tools/combine_sweep.py``): 8 heads is faster for small grids (B=8 / top-k
     1024: 20.9 against 22.4 µs; B=1: 18.0 against 18.6), 16 for large ones, whose 2048 programs
     at 8 heads cost more than the round trip saves (B=64 / top-k 512: 33.8 against 33.1).
     """
@@ -1466,5 +1179,16 @@ def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]
     return float(kv + qo + idx), flops
 
 
-__all__ = ["PARTIALS", "SCALED_VARIANTS", "DecodeConfig", "available_variants", "choose_nsplit",
-           "choose_variant", "combine_block_h", "roofline_bytes_flops", "sparse_mla_decode"]
+__all__ = [
+    "PARTIALS",
+    "SCALED_VARIANTS",
+    "DecodeConfig",
+    "available_variants",
+    "choose_nsplit",
+    "choose_variant",
+    "combine_block_h",
+    "dispatch_variants",
+    "register_variant",
+    "roofline_bytes_flops",
+    "sparse_mla_decode",
+]

@@ -2,7 +2,7 @@
 
 Why a second language: every ``tl.dot`` form of the fused kernel hands a dot that feeds another
 dot to all eight warps along M (``warpsPerCTA = [8, 1]``). With M = 64 heads, both warpgroups
-then compute the same ``Q K^T`` (NOTES.md v6), and Triton gives no way to stream a *gathered*
+then compute the same ``Q K^T`` (notes v6), and Triton gives no way to stream a *gathered*
 tile through shared memory ahead of the products. Gluon (``triton.experimental.gluon``, shipped
 with Triton 3.6) exposes what the plain language hides, so this kernel states it:
 
@@ -22,7 +22,7 @@ with Triton 3.6) exposes what the plain language hides, so this kernel states it
   tile t + 1 is dequantized into registers while tile t's ``P V`` runs asynchronously on the
   tensor cores, and stored into the one K buffer once that product is done; the next gather is
   issued while ``Q K^T`` runs. ``PIPE=False`` keeps the sequential schedule (wait, dequantize,
-  store, products) for comparison. NOTES.md v8-v9 have the measurements.
+  store, products) for comparison. notes v8-v9 have the measurements.
 
 Everything else (key ranges, adaptive split-K, the split-partial format, the combine, output and
 LSE conventions) is the Triton variants' (``sparse_decode.py``); results agree with them up to
@@ -42,10 +42,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .sparse_decode import _Keys
-from .sparse_decode import _keys_of as _tl_keys_of
-from .sparse_decode import _model1_slots as _tl_model1_slots
-from .sparse_decode import _split_range as _tl_split_range
+from .decode_common import _Keys
+from .decode_common import _keys_of as _tl_keys_of
+from .decode_common import _model1_slots as _tl_model1_slots
+from .decode_common import _split_range as _tl_split_range
 
 # The Triton variants' split-K cut, cache choice and MODEL1 slot offsets, compiled as Gluon
 # (code without layouts, so the same body serves both languages).
@@ -185,7 +185,7 @@ def _wg_rows(m_i, l_i, O_L: gl.constexpr):
     LSE (-inf without keys) and whether the row had keys. The epilogues multiply each row by
     one factor rather than dividing every element: a full-range fp32 division costs four
     instructions an element, which the one warp per scheduler running the epilogue issues
-    back to back (NOTES.md v13)."""
+    back to back (notes v13)."""
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, O_L))
     m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_L))
     has = l_o > 0.0
@@ -262,7 +262,7 @@ def _sparse_decode_wg_kernel(
     GL: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
     # L3: a [BT, 8, 64] tile of raw bytes (8 chunks of 64 columns), 16 contiguous bytes per
     # thread and chunk. (A warp over one key's 512 contiguous bytes, [1, 8, 4] threads, avoids
-    # bank conflicts but measured slower: 41.1 vs 36.7 µs at B=64 / top-k 512, NOTES.md v8.)
+    # bank conflicts but measured slower: 41.1 vs 36.7 µs at B=64 / top-k 512, notes v8.)
     L3: gl.constexpr = gl.BlockedLayout([BT // 32, 4, 16], [4, 2, 4], [8, 1, 1], [2, 1, 0])
     SCL: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])
     ROWS: gl.constexpr = gl.SliceLayout(1, GL)

@@ -2,7 +2,7 @@
 
 Why: in ``wg`` the same eight warps gather, dequantize and run the products, with one K
 buffer, so the dequantization sits on the critical path (ptxas schedules most of it after the
-wait of ``P V``: NOTES.md v10, run 48). Here ``gl.warp_specialize`` splits the program, as
+wait of ``P V``: notes v10, run 48). Here ``gl.warp_specialize`` splits the program, as
 FlashMLA does, and two K buffers let the two halves run concurrently:
 
 * a **producer** warpgroup (4 warps, 128 registers a thread) fills the K buffers in turn, a
@@ -18,11 +18,11 @@ FlashMLA does, and two K buffers let the two halves run concurrently:
 A full / empty mbarrier pair per K buffer hands tiles over. Each partition reads the row's
 lengths and cuts its split itself, so the producer starts without waiting for a hand-over,
 and the consumers copy Q after that cut, so that 64 KB of Q per program do not queue ahead of
-the producer's first index and key loads (NOTES.md v11 has the measurements of each choice).
+the producer's first index and key loads (notes v11 has the measurements of each choice).
 
 With exactly two splits (B=64 on an H200), a row's two programs run as one cluster of two CTAs
 and merge their halves of the output in the kernel (``_pair_epilogue``), which saves the
-combine launch: 30.3-30.6 against 32.4 µs at B=64 / top-k 512 (NOTES.md v12).
+combine launch: 30.3-30.6 against 32.4 µs at B=64 / top-k 512 (notes v12).
 
 Shared memory at BT 64: Q 64 KB + two K tiles 128 KB + P 8 KB + the ring 21.4 KB = 222 KB.
 Key ranges, split-K, partials, combine and outputs are ``wg``'s (``sparse_decode.py``).
@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.runtime import driver
 
-from .sparse_decode import _Keys, page_log2
+from .decode_common import _Keys, page_log2
 from .wg_decode import (
     _NEW_REINTERPRET,
     _async_load,
@@ -75,7 +75,7 @@ def _ring_layout(nc: int, elems: int) -> gl.BlockedLayout:
     bytes or 2 int32 words a thread and chunk): eight lanes cover one key's 64-byte chunk and
     each warp four consecutive keys, so a warp's accesses are contiguous in the ring (keys 64
     bytes apart) and fill whole 128-byte rows of the swizzled K tile: no bank conflicts either
-    way (a key-major ring measured 2-way conflicts on both, NOTES.md v11). Keys spread over
+    way (a key-major ring measured 2-way conflicts on both, notes v11). Keys spread over
     lanes and warps as in ``_idx_layout``, so no data moves between warps."""
     return gl.BlockedLayout([int(nc), 1, int(elems)], [1, 4, 8], [1, _NPRODUCER, 1], [2, 1, 0])
 
@@ -465,7 +465,7 @@ def _consumer(q_s, k_s, p_s, ok_s, full, empty, q_ptr, stride_qr, stride_qh, qk_
     _, _, _, lo, hi = _split_range(a_len, a_topk, b_len, b_topk, bidx, sp, A_HAS_LEN, HAS_B,
                                    B_HAS_LEN, NSPLIT, BT)
     # Q after the cut: issued first, its 64 KB queued ahead of the producer's first loads
-    # (0.5 us at B=64 / top-k 512, NOTES.md v11)
+    # (0.5 us at B=64 / top-k 512, notes v11)
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, QL))
     qd = gl.arange(0, 512, layout=gl.SliceLayout(0, QL))
@@ -570,7 +570,7 @@ def _launch_pairs(grid: tuple[int, int, int], args: dict) -> bool:
     The kernel is compiled as an ordinary one-CTA program: Gluon's ``num_ctas`` means multi-CTA
     layouts (triton-lang/triton#8587), under which a tensor not split over the cluster is
     replicated and its global stores kept for one CTA only (the PTX predicates them on the CTA
-    rank; a CPU probe, NOTES.md v12). The cluster is asked for at launch only. Triton 3.6 and
+    rank; a CPU probe, notes v12). The cluster is asked for at launch only. Triton 3.6 and
     3.9 launchers read the CTAs per cluster from the kernel's packed metadata (num_warps,
     num_ctas, shared memory) and launch ``grid[0] x num_ctas`` CTAs along x in clusters of
     ``num_ctas``, so this hands them a copy with 2."""

@@ -37,14 +37,13 @@ def test_logits_leave_tail_untouched_without_clean(gen: torch.Generator) -> None
     assert not torch.any(out[0, :10] == 12345.0)
 
 
-@pytest.mark.parametrize("method", ["radix6", "auto"])
 @pytest.mark.parametrize(("lens", "topk", "page_size", "nprog"), [
     ([0, 5, 24, 25, 300], 24, 7, 4),       # empty, shorter, equal, one over, much longer
     ([0, 5, 24, 25, 300], 24, 7, 1),
     ([100, 97], 16, 64, 8),
 ])
 def test_topk_matches_torch_topk(gen: torch.Generator, lens: list[int], topk: int,
-                                 page_size: int, nprog: int, method: str) -> None:
+                                 page_size: int, nprog: int) -> None:
     b, max_len = len(lens), 320
     logits = torch.randn(b, max_len, generator=gen)
     # plant ties at the threshold region and negative values
@@ -55,7 +54,7 @@ def test_topk_matches_torch_topk(gen: torch.Generator, lens: list[int], topk: in
     lens_t = torch.tensor(lens, dtype=torch.int32)
     raw = torch.empty(b, topk, dtype=torch.int32)
     slots = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, block=32,
-                         nprog=nprog, method=method, direct=64)
+                         nprog=nprog, direct=64)
     res = check_topk(slots, raw, logits, lens_t, pt, page_size, topk)
     assert res["ok"], res
     ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
@@ -69,10 +68,10 @@ def test_topk_all_equal_is_deterministic(gen: torch.Generator) -> None:
     pt = torch.arange(10, dtype=torch.int32).view(1, 10)
     lens = torch.tensor([50], dtype=torch.int32)
     raw = torch.empty(1, 8, dtype=torch.int32)
-    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw, block=16, nprog=2, method="radix6")
+    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw, block=32, nprog=2, direct=8)
     assert raw[0].tolist() == list(range(8))  # ties resolved in index order
     raw.fill_(0)
-    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw)  # auto, package defaults
+    indexer_topk(logits, lens, pt, 5, 8, raw_out=raw)  # package defaults
     assert raw[0].tolist() == list(range(8))
 
 
@@ -114,90 +113,41 @@ def _logits(gen: torch.Generator, kind: str, rows: int, max_len: int) -> torch.T
     raise ValueError(kind)
 
 
-# radix1 tunables: the windowed pass and the list (direct below the row length), the fallback to
-# the whole row (cap too small for the list), and other digit widths
-_RADIX1 = [
-    dict(block=64, direct=64, cap=1024),
-    dict(block=64, direct=64, cap=64),
-    dict(block=128, direct=100000),
-    dict(block=256, direct=64, cap=2048, hist_bits=6, mant_bits=1),
-    dict(block=256, direct=64, cap=2048, hist_bits=10, mant_bits=7),
-]
+def exact_topk(logits: torch.Tensor, lens: list[int], pt: torch.Tensor, page_size: int,
+               topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract, independently: the ``topk`` largest of ``logits[r, :len]``, ties taken in
+    position order, listed in ascending position order, -1 padded; and their slots."""
+    raw = torch.full((len(lens), topk), -1, dtype=torch.int32)
+    slots = raw.clone()
+    for r, n in enumerate(lens):
+        pos = torch.sort(-logits[r, :n], stable=True).indices[:topk].sort().values
+        raw[r, :pos.numel()] = pos.to(torch.int32)
+        slots[r, :pos.numel()] = (pt[r, pos // page_size] * page_size + pos % page_size).int()
+    return slots, raw
 
 
-def _same_as(gen: torch.Generator, kind: str, method: str, kw: dict[str, Any], ref_method: str,
-             ref_kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``method`` and ``ref_method`` on the same rows (len 0, < k, == k, k + 1, long; page size
-    not a power of two): both valid, bit-identical (same selection, ascending position order,
-    same tie-break); rows <= k are 0..len-1 then -1. Returns ``method``'s slots and positions."""
+def check_exact(gen: torch.Generator, kind: str, kw: dict[str, Any],
+                topk_fn: Any = indexer_topk) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_fn(**kw)`` on rows of length 0, < k, == k, k + 1 and long, page size 7: equal to
+    :func:`exact_topk` bit for bit. Returns the slots and positions."""
     lens, topk, page_size = [0, 7, 24, 25, 700, 2400], 24, 7
     rows, max_len = len(lens), 2410
     logits = _logits(gen, kind, rows, max_len)
     pt = _random_pt(gen, rows, max_len, page_size)
     lens_t = torch.tensor(lens, dtype=torch.int32)
     got_raw = torch.empty(rows, topk, dtype=torch.int32)
-    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=got_raw, method=method, **kw)
-    old_raw = torch.empty(rows, topk, dtype=torch.int32)
-    old = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=old_raw, method=ref_method,
-                       **ref_kw)
-    res = check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)
-    assert res["ok"], res
-    assert check_topk(old, old_raw, logits, lens_t, pt, page_size, topk)["ok"]
-    ref_slots, _ = ref_topk_transform(logits, lens_t, pt, page_size, topk)
-    assert torch.equal(got[:3], ref_slots[:3])  # rows <= k: no choice involved
-    assert torch.equal(got, old) and torch.equal(got_raw, old_raw)
-    assert got_raw[0].tolist() == [-1] * topk and got[0].tolist() == [-1] * topk
-    assert got_raw[1].tolist() == list(range(7)) + [-1] * (topk - 7)
-    assert got_raw[2].tolist() == list(range(24))
+    got = topk_fn(logits, lens_t, pt, page_size, topk, raw_out=got_raw, **kw)
+    want, want_raw = exact_topk(logits, lens, pt, page_size, topk)
+    assert check_topk(got, got_raw, logits, lens_t, pt, page_size, topk)["ok"]
+    assert torch.equal(got_raw, want_raw) and torch.equal(got, want)
     return got, got_raw
 
 
-@pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
-@pytest.mark.parametrize("cfg", range(len(_RADIX1)))
-def test_radix1_equals_radix6_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
-    _same_as(gen, kind, "radix1", _RADIX1[cfg], "radix6", dict(block=64, nprog=4))
-
-
-@pytest.mark.parametrize("topk", [512, 1024])
-def test_radix1_large_k(gen: torch.Generator, topk: int) -> None:
-    lens = [topk - 1, topk, topk + 1, 3 * topk + 5]
-    rows, max_len, page_size = len(lens), 3 * topk + 8, 61
-    logits = _logits(gen, "randn", rows, max_len)
-    logits[:, 1::5] = logits[:, 2:3]  # ties
-    pt = _random_pt(gen, rows, max_len, page_size)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
-    raw = torch.empty(rows, topk, dtype=torch.int32)
-    got = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, method="radix1",
-                       block=512, direct=topk, cap=2 * topk + 512)
-    res = check_topk(got, raw, logits, lens_t, pt, page_size, topk)
-    assert res["ok"], res
-    assert raw[0, -1] == -1 and raw[1].tolist() == list(range(topk))
-    sel = raw[3][raw[3] >= 0]
-    assert torch.equal(sel, sel.sort().values)  # ascending position order
-
-
-def test_radix1_long_row_and_ties_in_index_order(gen: torch.Generator) -> None:
-    n, topk = 40000, 64
-    logits = torch.randn(1, n, generator=gen)
-    logits[0, 100:30000:7] = 9.0  # 4272 ties at the very top: the first 64 must win
-    pt = torch.arange(-(-n // 64), dtype=torch.int32).view(1, -1)
-    raw = torch.empty(1, topk, dtype=torch.int32)
-    indexer_topk(logits, torch.tensor([n], dtype=torch.int32), pt, 64, topk, raw_out=raw,
-                 method="radix1", block=2048)
-    assert raw[0].tolist() == list(range(100, 100 + 7 * topk, 7))
-    # a row with a clear top set, through the windowed pass and the candidate list
-    logits = torch.randn(1, n, generator=gen)
-    lens = torch.tensor([n], dtype=torch.int32)
-    raw = torch.empty(1, topk, dtype=torch.int32)
-    slots = indexer_topk(logits, lens, pt, 64, topk, raw_out=raw, method="radix1", block=2048)
-    assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
-
-
 @pytest.mark.parametrize(("kw", "field"), [
-    (dict(method="sort"), "method"),
-    (dict(method="radix1", cap=2), "cap"),
-    (dict(method="radix3", nprog=3), "nprog"),
-    (dict(method="radix3", sel_block=100), "block"),
+    (dict(cap=2), "cap"),
+    (dict(nprog=3), "nprog"),
+    (dict(sel_block=100), "block"),
+    (dict(hist_bits=4), "hist_bits"),
 ])
 def test_topk_method_and_tunables_are_checked(gen: torch.Generator, kw: dict[str, Any],
                                               field: str) -> None:
@@ -221,27 +171,24 @@ def test_logits_tunables_keep_results(gen: torch.Generator) -> None:
         assert torch.allclose(got[fin], base[fin], rtol=1e-5, atol=1e-5)
 
 
-# radix3 tunables: several programs per row (also more programs than chunks: empty chunks), the
-# fused B+C launch, a cap too small for the list (whole-row fallback), rows below ``direct``,
+# radix3 tunables: several programs per row (also more programs than chunks: empty chunks), a cap
+# too small for the list (whole-row fallback), rows below ``direct``,
 # and other digit widths (incl. 8 mantissa-free bits: a select that starts 23 bits down)
 _RADIX3 = [
     dict(nprog=4, block=64, sel_block=64, direct=64, cap=1024),
-    dict(nprog=4, block=64, sel_block=64, direct=64, cap=1024, fuse=True),
     dict(nprog=16, block=32, sel_block=128, direct=64, cap=1024),
     dict(nprog=2, block=64, sel_block=64, direct=64, cap=64),
-    dict(nprog=2, block=64, sel_block=64, direct=64, cap=64, fuse=True),
     dict(nprog=4, block=128, direct=100000),
     dict(nprog=8, block=128, sel_block=256, direct=64, cap=2048, hist_bits=6, mant_bits=1),
     dict(nprog=1, block=256, sel_block=256, direct=64, cap=2048, hist_bits=10, mant_bits=7),
-    dict(nprog=4, block=64, sel_block=64, direct=64, cap=2048, hist_bits=5, mant_bits=0,
-         fuse=True),
+    dict(nprog=4, block=64, sel_block=64, direct=64, cap=2048, hist_bits=5, mant_bits=0),
 ]
 
 
 @pytest.mark.parametrize("kind", ["randn", "ties", "negative", "integers"])
 @pytest.mark.parametrize("cfg", range(len(_RADIX3)))
-def test_radix3_equals_radix1_exactly(gen: torch.Generator, kind: str, cfg: int) -> None:
-    _same_as(gen, kind, "radix3", _RADIX3[cfg], "radix1", dict(block=64, direct=64, cap=1024))
+def test_topk_is_exact(gen: torch.Generator, kind: str, cfg: int) -> None:
+    check_exact(gen, kind, _RADIX3[cfg])
 
 
 def test_radix3_ties_at_threshold_and_spread_lengths(gen: torch.Generator) -> None:
@@ -254,19 +201,12 @@ def test_radix3_ties_at_threshold_and_spread_lengths(gen: torch.Generator) -> No
     logits[:, 3::11] = 2.5  # ~450 ties per full row, ~25 keys above them: k straddles them
     pt = _random_pt(gen, rows, max_len, page_size)
     lens_t = torch.tensor(lens, dtype=torch.int32)
-    outs = []
-    for method, kw in (("radix1", dict(block=128, direct=64)),
-                       ("radix3", dict(nprog=8, block=64, sel_block=128, direct=64)),
-                       ("radix3", dict(nprog=8, block=64, sel_block=128, direct=64, fuse=True))):
-        raw = torch.empty(rows, topk, dtype=torch.int32)
-        slots = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, method=method,
-                             **kw)
-        assert check_topk(slots, raw, logits, lens_t, pt, page_size, topk)["ok"]
-        outs.append((slots, raw))
-    for slots, raw in outs[1:]:
-        assert torch.equal(slots, outs[0][0]) and torch.equal(raw, outs[0][1])
-    sel = outs[1][1][0]
-    assert torch.equal(sel, sel.sort().values)  # ascending position order
+    raw = torch.empty(rows, topk, dtype=torch.int32)
+    slots = indexer_topk(logits, lens_t, pt, page_size, topk, raw_out=raw, nprog=8, block=64,
+                         sel_block=128, direct=64)
+    assert check_topk(slots, raw, logits, lens_t, pt, page_size, topk)["ok"]
+    want, want_raw = exact_topk(logits, lens, pt, page_size, topk)
+    assert torch.equal(raw, want_raw) and torch.equal(slots, want)
 
 
 def test_radix3_list_over_cap_falls_back_to_the_row(gen: torch.Generator) -> None:
@@ -276,12 +216,11 @@ def test_radix3_list_over_cap_falls_back_to_the_row(gen: torch.Generator) -> Non
     logits[1] = torch.randn(n, generator=gen)
     pt = _random_pt(gen, 2, n, 64)
     lens = torch.tensor([n, n], dtype=torch.int32)
-    for fuse in (False, True):
-        raw = torch.empty(2, topk, dtype=torch.int32)
-        slots = indexer_topk(logits, lens, pt, 64, topk, raw_out=raw, method="radix3", nprog=4,
-                             block=128, sel_block=256, direct=64, cap=topk, fuse=fuse)
-        assert raw[0].tolist() == list(range(topk))
-        assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
+    raw = torch.empty(2, topk, dtype=torch.int32)
+    slots = indexer_topk(logits, lens, pt, 64, topk, raw_out=raw, nprog=4, block=128,
+                         sel_block=256, direct=64, cap=topk)
+    assert raw[0].tolist() == list(range(topk))
+    assert check_topk(slots, raw, logits, lens, pt, 64, topk)["ok"]
 
 
 @pytest.mark.parametrize("page_size", [16, 48])

@@ -41,7 +41,7 @@ def test_ws_compiles_for_sm90_with_a_producer_warpgroup(nsplit: int, scaled: boo
     assert out["div_f32"] < _PER_ELEMENT_DIVISIONS, out
 
 
-# The epilogues scale each row by one factor (NOTES.md v13): a division per element of the
+# The epilogues scale each row by one factor (notes v13): a division per element of the
 # [64, 512] tile would be 128 a thread (one split) or more, against a few dozen per row.
 _PER_ELEMENT_DIVISIONS = 64
 

@@ -5,7 +5,7 @@ shape and in one run (CUDA-graph replays with a cold L2, as the bench): the defa
 the combine launched at several head-block / column-block / warp shapes, the same decode with
 the combine left out (the attention kernel alone: outputs wrong on purpose, not checked), and
 both again with every valid length set to 0 (prologue, epilogue and launches only). Every
-checked configuration is compared with the fp32 reference. Used for NOTES.md v10; not part of
+checked configuration is compared with the fp32 reference. Used for notes v10; not part of
 the package.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import torch
 import triton
+from bench import SWA, Timer
 
 from dsv4_kernels import sparse_decode as sd
-from dsv4_kernels.bench import SWA, Timer
 from dsv4_kernels.cases import compare_decode, make_decode_case
 from dsv4_kernels.reference import ref_sparse_decode
 

@@ -3,7 +3,7 @@
 ``python kernels/tools/decode_sweep.py [--baselines .baselines] [--quick]`` builds the bench's
 shapes (64 heads, SWA 128 + top-k extra keys), checks every configuration against the fp32
 reference, times CUDA-graph replays with a cold L2 (bench.Timer) and prints one table per shape.
-Used to pick the defaults recorded in kernels/NOTES.md; not part of the package.
+Used to pick the defaults recorded in kernels/notes; not part of the package.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import time
 
 import torch
+from bench import SWA, Timer, ceilings, load_baselines
 
-from dsv4_kernels.bench import SWA, Timer, ceilings, load_baselines
 from dsv4_kernels.cases import compare_decode, make_decode_case
 from dsv4_kernels.reference import ref_sparse_decode
 from dsv4_kernels.sparse_decode import DecodeConfig, roofline_bytes_flops, sparse_mla_decode
@@ -47,7 +47,7 @@ def local_configs() -> list[DecodeConfig]:
 
 
 def partial_configs(bsz: int) -> list[DecodeConfig]:
-    """Split-partial formats side by side (NOTES.md v7)."""
+    """Split-partial formats side by side (notes v7)."""
     out = [DecodeConfig(variant="local", partials=p) for p in ("fp16", "fp32", "bf16")]
     if bsz >= 64:
         out += [DecodeConfig(variant="pf", block_t=16, partials=p) for p in ("fp16", "fp32")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 import torch
+from bench import SWA
 
-from dsv4_kernels.bench import SWA
 from dsv4_kernels.cases import make_decode_case
 from dsv4_kernels.sparse_decode import DecodeConfig, sparse_mla_decode
 

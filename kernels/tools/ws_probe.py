@@ -17,9 +17,9 @@ import argparse
 import json
 
 import torch
+from bench import SWA, Timer
 
 from dsv4_kernels import sparse_decode as sd
-from dsv4_kernels.bench import SWA, Timer
 from dsv4_kernels.cases import compare_decode, make_decode_case
 from dsv4_kernels.reference import ref_sparse_decode
 

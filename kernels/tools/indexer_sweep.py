@@ -1,6 +1,6 @@
 """Device sweep of the DSA indexer: top-k methods and logits tunables at the 128K acceptance point.
 
-``python -m dsv4_kernels.indexer_sweep`` (one GPU, a few minutes including compiles) builds the
+``python kernels/tools/indexer_sweep.py`` (one GPU, a few minutes including compiles) builds the
 bench's indexer case (B=64, 64 heads, C4 keys = ctx / 4, page 64, top-512, max context 1M; the
 same pool, seeds and Timer as ``bench.bench_indexer``), then prints one table:
 
@@ -27,21 +27,21 @@ import time
 from typing import Any
 
 import torch
+from bench import Timer, _index_pool, ceilings, indexer_point_inputs
+from experiments import topk
 
-from .bench import Timer, _index_pool, ceilings, indexer_point_inputs
-from .cases import check_topk
-from .indexer import (
+from dsv4_kernels.cases import check_topk
+from dsv4_kernels.indexer import (
     R3_BLOCK,
     R3_SEL_BLOCK,
     R3_SEL_WARPS,
     R3_WARPS,
     _topk_radix3,
     indexer_logits,
-    indexer_topk,
     radix3_nprog,
 )
-from .layout import INDEX_BYTES_PER_TOKEN
-from .reference import ref_indexer_logits
+from dsv4_kernels.layout import INDEX_BYTES_PER_TOKEN
+from dsv4_kernels.reference import ref_indexer_logits
 
 BATCH, HEADS, PAGE, TOPK, RATIO, MAX_CTX = 64, 64, 64, 512, 4, 2**20
 
@@ -70,7 +70,7 @@ POINT_METHODS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 # logits settings (keywords of indexer_logits); the first is the package default. Run 11
-# (NOTES.md v4) covered stages 5-8, nsplit 4-12, contiguous, block_n 32/128 and 8 warps.
+# (notes v4) covered stages 5-8, nsplit 4-12, contiguous, block_n 32/128 and 8 warps.
 LOGITS_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # run 2: stages 4 108.8 µs, 6 85.7, nsplit 12 105.8, 6 90.7 (default 85.9)
     ("default (aligned, prefetch, 5 stages)", {}),
@@ -113,14 +113,14 @@ def _time_topk(sw: Sweep, timer: Timer, section: str, logits: torch.Tensor, lens
         try:
             out = torch.empty(rows, TOPK, dtype=torch.int32, device=logits.device)
             raw = torch.empty_like(out)
-            indexer_topk(logits, lens, pt, PAGE, TOPK, out=out, raw_out=raw, **kw)
+            topk(logits, lens, pt, PAGE, TOPK, out=out, raw_out=raw, **kw)
             torch.cuda.synchronize()
             sub = slice(0, check_rows)
             tk = check_topk(out[sub], raw[sub], logits[sub], lens[sub], pt[sub], PAGE, TOPK)
             same = True if ref is None else bool(torch.equal(out, ref))
             if ref is None:
                 ref = out.clone()
-            t = timer.graph(lambda kw=kw, out=out: indexer_topk(logits, lens, pt, PAGE, TOPK,
+            t = timer.graph(lambda kw=kw, out=out: topk(logits, lens, pt, PAGE, TOPK,
                                                                 out=out, **kw))
             note = "" if same else "differs from the first variant"
             sw.add(section, name, t, bool(tk["ok"]) and same, note)
@@ -133,7 +133,7 @@ def _radix3_breakdown(sw: Sweep, timer: Timer, logits: torch.Tensor, lens: torch
                       pt: torch.Tensor) -> None:
     """radix3 (defaults, unfused) stopped after launch A, after B, and whole: the share of each
     launch (the stopped runs write no output)."""
-    from ._runtime import device_sms
+    from dsv4_kernels._runtime import device_sms
 
     rows, max_len = logits.shape
     nprog = radix3_nprog(rows, device_sms(logits))
@@ -172,7 +172,7 @@ def _time_point(sw: Sweep, timer: Timer, ceil: dict[str, float], setup: dict[str
 
         def run_all(lkw: dict[str, Any] = lkw, kw: dict[str, Any] = kw) -> None:
             indexer_logits(q, cache, w, lens, pt, mk, out=ws, **lkw)
-            indexer_topk(ws, lens, pt, PAGE, TOPK, out=out, **kw)
+            topk(ws, lens, pt, PAGE, TOPK, out=out, **kw)
         try:
             t_all = timer.graph(run_all)
             replay_ok = timer.replay_matches_eager(run_all, out)

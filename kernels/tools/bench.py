@@ -1,6 +1,6 @@
 """Benchmark on one GPU: bundled kernels vs rooflines and SGLang 0.5.23's own kernels.
 
-``python -m dsv4_kernels.bench --baselines .baselines [--json out.json]`` prints one table per
+``python kernels/tools/bench.py --baselines .baselines [--json out.json]`` prints a table per
 section. All numbers come from this run: the device copy bandwidth (bytes read + written of a
 large device-to-device copy) and the bf16 matrix rate (8192^3 random operands) are measured
 first and serve as the ceilings. Kernel times are medians of CUDA-graph replays with a 256 MiB
@@ -22,12 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from experiments import topk_variant
 
-from .cases import check_topk, compare_decode, make_decode_case
-from .indexer import indexer_logits, indexer_topk
-from .layout import INDEX_BYTES_PER_TOKEN, quantize_index_keys
-from .reference import ref_indexer_logits, ref_sparse_decode
-from .sparse_decode import DecodeConfig, roofline_bytes_flops, sparse_mla_decode
+from dsv4_kernels.cases import check_topk, compare_decode, make_decode_case
+from dsv4_kernels.indexer import indexer_logits, indexer_topk
+from dsv4_kernels.layout import INDEX_BYTES_PER_TOKEN, quantize_index_keys
+from dsv4_kernels.reference import ref_indexer_logits, ref_sparse_decode
+from dsv4_kernels.sparse_decode import DecodeConfig, roofline_bytes_flops, sparse_mla_decode
 
 SWA = 128
 
@@ -136,7 +137,7 @@ def load_baselines(folder: str) -> dict[str, Any]:
         flash_mla_sparse_decode_triton,
     )
 
-    from .sglang_compat import load_sglang_functions
+    from dsv4_kernels.sglang_compat import load_sglang_functions
 
     idx_fns = load_sglang_functions(
         root / "sglang/srt/layers/attention/dsv4/indexer.py",
@@ -289,8 +290,8 @@ def _indexer_point(timer: Timer, base: dict[str, Any] | None, ceil: dict[str, fl
         tk_sw: dict[str, float] = {}
         for blk, npg in ((2048, 8), (1024, 16), (4096, 4), (1024, 32), (512, 32)):
             tk_sw[f"block={blk},nprog={npg}"] = timer.graph(
-                lambda blk=blk, npg=npg: indexer_topk(ws, lens, pt, page, topk, out=out,
-                                                      block=blk, nprog=npg, method="radix6"))
+                lambda blk=blk, npg=npg: topk_variant(ws, lens, pt, page, topk, "radix6",
+                                                      out=out, block=blk, nprog=npg))
         lg_sw: dict[str, float] = {}
         for bn, nsp in ((64, 8), (128, 8), (64, 16), (128, 16), (64, 32)):
             lg_sw[f"block_n={bn},nsplit={nsp}"] = timer.graph(

@@ -1,0 +1,27 @@
+"""The benches' door to ``kernels/experimental``: puts it on the import path, registers the
+decode experiments (``staged``, ``gp``) with the shipped launcher, and gives one top-k entry
+point for the shipped method (``radix3``) and the experiments (``radix1``, ``radix6``,
+``fuse=True``), so sweeps can time them side by side."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experimental"))
+
+import dsv4_experimental.decode  # noqa: F401  (registers staged and gp)
+from dsv4_experimental.topk import topk_variant
+
+from dsv4_kernels.indexer import indexer_topk
+
+
+def topk(logits: Any, lens: Any, pt: Any, page: int, k: int, method: str = "radix3",
+         fuse: bool = False, **kw: Any) -> Any:
+    """``indexer_topk`` for ``radix3`` (the shipped method), else the experiment."""
+    if fuse:
+        method = "fused"
+    if method in ("radix3", "auto"):
+        return indexer_topk(logits, lens, pt, page, k, **kw)
+    return topk_variant(logits, lens, pt, page, k, method, **kw)
