@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import shlex
+import subprocess
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -353,16 +354,37 @@ def kernels_source() -> Path:
                      fix="install dsv4ctl from a source checkout, or set kernels.enabled: false")
 
 
+# What a host gets of kernels/: the installable package, nothing else (no tests, tools,
+# experiments, notes or build outputs; issue 24).
+KERNELS_SHIPPED = ("pyproject.toml", "dsv4_kernels")
+
+
+def kernels_package_files(src: Path) -> list[str]:
+    """The files of the kernels package under ``src``, relative and sorted: ``pyproject.toml``
+    and ``dsv4_kernels/**/*.py``. In a source checkout only files git tracks count, so an
+    untracked ``build/``, scratch module or stray copy never ships; an installed dsv4ctl's
+    ``_data/kernels`` holds only what its wheel packed."""
+    cands = [src / "pyproject.toml", *sorted((src / "dsv4_kernels").rglob("*.py"))]
+    rels = [p.relative_to(src).as_posix() for p in cands
+            if p.is_file() and "__pycache__" not in p.parts]
+    try:
+        res = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--", *KERNELS_SHIPPED],
+                             capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return rels
+    tracked = set(res.stdout.split("\0"))
+    if res.returncode != 0 or not tracked & set(rels):
+        return sorted(rels)  # not in a checkout: an installed dsv4ctl (perhaps in a .venv)
+    return sorted(r for r in rels if r in tracked)
+
+
 def install_kernels(ctx: Context, step: Any) -> Outcome:
     assert ctx.deployment is not None
     src = kernels_source()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for p in sorted(src.rglob("*")):
-            rel = p.relative_to(src)
-            if p.is_file() and not any(part in ("__pycache__", "tests") or part.endswith(
-                    ".egg-info") for part in rel.parts):
-                tar.add(p, arcname=f"kernels/{rel}", recursive=False)
+        for rel in kernels_package_files(src):
+            tar.add(src / rel, arcname=f"kernels/{rel}", recursive=False)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()[:12]
     root = ctx.host.install_root

@@ -91,3 +91,55 @@ def test_kernels_selftest_mismatch_fails_the_step(tmp_path: Path) -> None:
 def test_kernels_selftest_disabled(tmp_path: Path) -> None:
     res, _ = outcome(tmp_path, 1, {}, selftest=False)
     assert "self-test disabled" in res.detail
+
+
+def _git(repo: Path, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                   check=True, capture_output=True)
+
+
+def test_kernels_step_ships_only_the_tracked_package(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: the host gets pyproject.toml and the tracked dsv4_kernels modules; an untracked
+    build/, an untracked module, tests, tools and experiments stay behind."""
+    from orchestrator.apply import steps
+
+    src = tmp_path / "repo" / "kernels"
+    for rel, text in {"pyproject.toml": "[project]\n", "dsv4_kernels/__init__.py": "",
+                      "dsv4_kernels/selftest.py": "", "tests/test_x.py": "",
+                      "tools/bench.py": "", "experimental/x/y.py": "",
+                      "README.md": "#\n"}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    _git(src.parent, "init", "-q")
+    _git(src.parent, "add", ".")
+    _git(src.parent, "commit", "-qm", "k")
+    for rel in ("build/lib/dsv4_kernels/__init__.py", "dsv4_kernels/scratch.py",
+                "dsv4_kernels/__pycache__/selftest.cpython-311.pyc", "dsv4_kernels.egg-info/PKG"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("x")
+    want = ["dsv4_kernels/__init__.py", "dsv4_kernels/selftest.py", "pyproject.toml"]
+    assert steps.kernels_package_files(src) == want
+    monkeypatch.setattr(steps, "kernels_source", lambda: src)
+    host = tmp_path / "host"
+    host.mkdir()
+    res, _ = outcome(host, 0, {"passed": True})
+    assert "self-test passed" in res.detail
+    (pkg,) = (host / "root" / "kernels").iterdir()
+    got = sorted(p.relative_to(pkg / "kernels").as_posix()
+                 for p in (pkg / "kernels").rglob("*") if p.is_file())
+    assert got == want
+
+
+def test_kernels_package_files_outside_a_checkout(tmp_path: Path) -> None:
+    from orchestrator.apply.steps import kernels_package_files
+
+    src = tmp_path / "kernels"
+    (src / "dsv4_kernels" / "__pycache__").mkdir(parents=True)
+    (src / "pyproject.toml").write_text("")
+    (src / "dsv4_kernels" / "a.py").write_text("")
+    (src / "dsv4_kernels" / "__pycache__" / "a.pyc").write_text("")
+    (src / "NOTES.md").write_text("")
+    assert kernels_package_files(src) == ["dsv4_kernels/a.py", "pyproject.toml"]
