@@ -41,6 +41,17 @@ class WeightGroup(_Frozen):
     bytes: int
 
 
+class HeadroomTermRow(_Frozen):
+    """One thing that needs GPU memory outside mem_fraction_static (planner/headroom.py)."""
+
+    id: str  # cuda_context, nccl, custom_allreduce, activations, cuda_graphs, indexer_logits
+    phase: Literal["before-baseline", "runtime"]
+    bytes: int
+    exact: bool  # computed as SGLang's code computes it; False: an estimate
+    source: str
+    detail: str
+
+
 class RoleCapacity(_Frozen):
     role: str
     gpu_model: str
@@ -71,6 +82,12 @@ class RoleCapacity(_Frozen):
     kv_tokens: dict[str, int] = Field(default_factory=dict)  # tokens/slots per pool
     bytes_per_token_terms: dict[str, float] = Field(default_factory=dict)
     page_size: int = 0
+    # The headroom model: what lives outside mem_fraction_static at the worst moment of the
+    # declared workload (planner/headroom.py); empty when the pool could not be sized.
+    headroom_terms: list[HeadroomTermRow] = Field(default_factory=list)
+    headroom_need_bytes: int = 0  # sum of the runtime terms; compare with headroom_bytes
+    longest_request_tokens: int = 0
+    chunked_prefill_size: int = 0  # as SGLang resolves it (its default when unset)
 
 
 class GpuRow(_Frozen):

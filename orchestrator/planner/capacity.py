@@ -8,7 +8,8 @@ and what to change. Pure functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from orchestrator.catalog import (
     Catalog,
@@ -22,21 +23,17 @@ from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.facts import Facts
 from orchestrator.planner.checks import check, gib
+from orchestrator.planner import headroom as hr
 from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
-from orchestrator.planner_model import Check, GpuRow, RoleCapacity, WeightGroup
+from orchestrator.planner_model import Check, GpuRow, HeadroomTermRow, RoleCapacity, WeightGroup
 from orchestrator.profile.schema import Profile
 
-# Memory already in use on each GPU before SGLang measures its baseline: the CUDA context, NCCL's
-# buffers and cuBLAS workspaces. Not measured on an RTX PRO 6000 with SGLang 0.5.23 (unconfirmed);
-# 1 GiB is a deliberately conservative estimate so the planned KV pool errs small, not large.
-PRELOAD_USED_BYTES = 1 << 30
-PRELOAD_NOTE = ("assumes 1 GiB per GPU in use before SGLang's baseline (CUDA context, NCCL); "
-                "unconfirmed estimate: compare the engine log's 'KV Cache is allocated' line")
-
-# Below this, the memory outside --mem-fraction-static is thin for activations, CUDA graphs and
-# NCCL: an operator saw mfs 0.95 crash a rank on a long prefill where 0.93 held
-# (ormandj/sglang-deepseek-v4-flash-sm120 RUN.md, research/model-hw.md §4.4).
-MIN_HEADROOM_BYTES = 4 << 30
+# What is in use on each GPU before SGLang measures its baseline (the CUDA context, NCCL and
+# custom all-reduce buffers) comes from the headroom model's "before-baseline" terms
+# (planner/headroom.py); the CUDA context there is an unconfirmed estimate.
+PRELOAD_NOTE = ("memory in use before SGLang's baseline (CUDA context, NCCL, custom all-reduce) "
+                "is the headroom model's estimate; compare the engine log's 'Memory baseline "
+                "taken' and 'max_total_num_tokens=' lines, or calibrate the host")
 
 DEFAULT_MFS = 0.85  # used only when a profile sets mem_fraction_static to null (engine "auto")
 
@@ -112,6 +109,59 @@ def _kv_inputs(cat: Catalog, model: ModelVariant, dep: Deployment, role: RoleDep
     )
 
 
+def _headroom_inputs(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+                     role: RoleDeployment, profile: Profile, gpu: HostGpu, mfs: float
+                     ) -> hr.HeadroomInputs:
+    cfg = cat.config_of(model)
+    w = profile.workload
+    drafts = 1
+    if dep.speculative_algorithm == "eagle":
+        drafts = dep.speculative_num_draft_tokens or 1
+    elif dep.speculative_algorithm == "dspark":
+        drafts = (dep.speculative_dspark_block_size or 0) + 1
+    env = _engine_env(engine, dep, role, gpu)
+    tilelang = _truthy(env.get("SGLANG_OPT_USE_TILELANG_INDEXER"))
+    torch_env = _truthy(env.get("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"))
+    path = ("deepgemm" if dep.fp4_indexer else "tilelang" if tilelang else
+            ("dsv4-kernels" if dep.kernels_enabled else "torch-sm120") if torch_env and
+            gpu.arch == "sm_120" else "deepgemm")
+    return hr.HeadroomInputs(
+        gpu_total_bytes=gpu.total_bytes, mem_fraction_static=mfs, tp=role.tp,
+        attn_dp=role.attn_dp, disaggregation_mode=role.disaggregation_mode or "null",
+        chunked_prefill_size=role.chunked_prefill_size, cuda_graph_max_bs=role.cuda_graph_max_bs,
+        max_running_requests=role.max_running_requests, tokens_per_request=drafts,
+        speculative=dep.speculative_algorithm != "none",
+        longest_request_tokens=min(w.longest_request_tokens or w.context_tokens,
+                                   dep.context_length),
+        hidden_size=cfg.hidden_size.value, hc_mult=cfg.hc_mult.value,
+        num_attention_heads=cfg.num_attention_heads.value, head_dim=cfg.head_dim.value,
+        q_lora_rank=cfg.q_lora_rank.value, moe_intermediate_size=cfg.moe_intermediate_size.value,
+        num_experts_per_tok=cfg.num_experts_per_tok.value,
+        n_shared_experts=cfg.n_shared_experts.value, index_n_heads=cfg.index_n_heads.value,
+        fp4_indexer=dep.fp4_indexer, is_sm120=gpu.arch == "sm_120",
+        full_nvlink=gpu.spec.nvlink, indexer_path=path, torch_mqa_env=torch_env)
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _engine_env(engine: EngineRules, dep: Deployment, role: RoleDeployment, gpu: HostGpu
+                ) -> dict[str, str]:
+    """The env the engine's indexer sees: the role's env and dsv4ctl's kernel switches, then what
+    sglang 0.5.23's V4 hook sets on sm_120 where those left a variable unset (model_hook.py
+    L482-502: ``if not envs.X.is_set(): envs.X.set(...)``)."""
+    from orchestrator.render import KERNEL_ENV
+
+    env = dict(role.env)
+    if dep.kernels_enabled:
+        env.update(KERNEL_ENV)
+    if gpu.arch == "sm_120":
+        for k, v in engine.env_set_on_sm120.values.items():
+            env.setdefault(k, v)
+    return env
+
+
 def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
                   profile: Profile, gpu: HostGpu, facts: Facts
                   ) -> tuple[list[RoleCapacity], list[GpuRow], list[Check]]:
@@ -158,17 +208,29 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             continue
         if not accepted_kv:
             continue  # engine_checks reports the dtype; the pool cannot be sized for it
+        hx = _headroom_inputs(cat, engine, model, dep, role, profile, gpu, mfs)
         try:
-            sizing = size_pool(_kv_inputs(cat, model, dep, role, engine), gpu.total_bytes,
-                               wb.total_bytes, mfs, preload_used_bytes=PRELOAD_USED_BYTES,
-                               world_size=role.tp)
+            kvx = _kv_inputs(cat, model, dep, role, engine)
+
+            def sized(m: float, hx: hr.HeadroomInputs = hx, kvx: KVPoolInputs = kvx,
+                      wbytes: int = wb.total_bytes, tp: int = role.tp
+                      ) -> tuple[PoolSizing, hr.HeadroomModel]:
+                pre = hr.build(replace(hx, mem_fraction_static=m))
+                s = size_pool(kvx, gpu.total_bytes, wbytes, m,
+                              preload_used_bytes=pre.preload_bytes, world_size=tp)
+                return s, hr.build(replace(hx, mem_fraction_static=m),
+                                   max(0, s.headroom_bytes) if s.fits else None)
+
+            sizing, hmodel = sized(mfs)
         except KVPoolError as exc:
             checks.append(check("capacity.kv-inputs", "error", "KV pool cannot be sized",
                                 f"role {role.name}: {exc.message}", exc.fix, subject=role.name))
             continue
-        notes += list(sizing.notes)
-        caps.append(_cap(role, gpu, mfs, wb, sizing, notes))
+        notes += list(sizing.notes) + [f"headroom: the worst moment is {n}" for n in hmodel.notes]
+        caps.append(_cap(role, gpu, mfs, wb, sizing, notes, hmodel))
         checks += _pool_checks(dep, profile, role, sizing, mfs, gpu)
+        if sizing.fits:
+            checks += _headroom_checks(role, sizing, hmodel, mfs, hx, sized)
         kv = sizing.pool_bytes.total if sizing.pool_bytes else 0
         for g in role.gpus:
             rows[g] = GpuRow(index=g, role=role.name, model=gpu.spec.id, total_bytes=gpu.total_bytes,
@@ -186,7 +248,7 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
 
 
 def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, sizing: PoolSizing | None,
-         notes: list[str]) -> RoleCapacity:
+         notes: list[str], hmodel: hr.HeadroomModel | None = None) -> RoleCapacity:
     groups = [WeightGroup(name=g.id, bytes=g.bytes_per_rank) for g in wb.groups]
     tokens = sizing.max_total_num_tokens if sizing else 0
     return RoleCapacity(
@@ -200,7 +262,13 @@ def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, si
         fixed_bytes_per_rank=sizing.fixed_bytes if sizing else 0,
         max_total_tokens_per_rank=tokens, token_capacity=tokens * role.attn_dp,
         max_running_requests=(sizing.max_running_requests * role.attn_dp) if sizing else 0,
-        notes=sorted(set(notes)), **(_arithmetic(sizing) if sizing else {}))
+        notes=sorted(set(notes)), **(_arithmetic(sizing) if sizing else {}),
+        headroom_terms=[HeadroomTermRow(id=t.id, phase=t.phase, bytes=t.bytes, exact=t.exact,
+                                        source=t.source, detail=t.detail)
+                        for t in (hmodel.terms if hmodel else ())],
+        headroom_need_bytes=hmodel.runtime_bytes if hmodel else 0,
+        longest_request_tokens=hmodel.longest_request_tokens if hmodel else 0,
+        chunked_prefill_size=hmodel.chunked_prefill_size if hmodel else 0)
 
 
 def _arithmetic(s: PoolSizing) -> dict[str, object]:
@@ -256,12 +324,62 @@ def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: Poo
                 f"requests at once; workload.concurrent_requests is {w.concurrent_requests}",
                 f"set serving.max_running_requests to {w.concurrent_requests} or more",
                 subject=role.name))
-    if s.headroom_bytes < MIN_HEADROOM_BYTES:
-        out.append(check(
-            "capacity.headroom", "warning", "little memory left outside the static pool",
-            f"role {role.name}: {gib(s.headroom_bytes)} per GPU remains for activations, CUDA graphs "
-            f"and NCCL at mem_fraction_static {mfs:.2f}; long prefills have crashed ranks at 0.95 "
-            "where 0.93 held", f"lower mem_fraction_static (keep at least {gib(MIN_HEADROOM_BYTES)})",
-            subject=role.name, headroom_bytes=s.headroom_bytes,
-            source="https://github.com/ormandj/sglang-deepseek-v4-flash-sm120 (RUN.md)"))
     return out
+
+
+def _headroom_checks(role: RoleDeployment, s: PoolSizing, h: hr.HeadroomModel, mfs: float,
+                     hx: hr.HeadroomInputs,
+                     sized: Callable[[float], tuple[PoolSizing, hr.HeadroomModel]]) -> list[Check]:
+    """``capacity.headroom``: the runtime terms at the worst moment must fit what the KV pool left.
+
+    An error when the exact terms alone do not fit; a warning when the estimates tip it. The fix
+    names both ways out with their price: the highest mem_fraction_static that fits (and the pool
+    it leaves), and the largest chunk that fits (and how many prefill steps the longest request
+    then takes).
+    """
+    need, have = h.runtime_bytes, max(0, s.headroom_bytes)
+    if need <= have:
+        return []
+    big = h.largest_runtime
+    exact_need = sum(t.bytes for t in h.terms if t.phase == "runtime" and t.exact)
+    ways = []
+    for step in range(1, int(mfs * 100)):
+        m = round(mfs - step / 100, 2)
+        s2, h2 = sized(m)
+        if s2.fits and h2.runtime_bytes <= s2.headroom_bytes:
+            ways.append(f"lower mem_fraction_static to {m:.2f} (the pool then holds "
+                        f"{s2.max_total_num_tokens:,} tokens per rank instead of "
+                        f"{s.max_total_num_tokens:,})")
+            break
+    else:
+        ways.append("no lower mem_fraction_static fits it: give the role more GPUs or hold less")
+    longest = h.longest_request_tokens
+    if hx.disaggregation_mode != "decode":
+        chunk = h.chunked_prefill_size
+        while chunk > 256:
+            chunk //= 2
+            h3 = hr.build(replace(hx, chunked_prefill_size=chunk), have)
+            if h3.runtime_bytes <= have:
+                ways.append(
+                    f"set chunked_prefill_size to {chunk} (the {longest:,}-token request then "
+                    f"takes {-(-longest // chunk)} prefill steps instead of "
+                    f"{-(-longest // h.chunked_prefill_size)}: slower prefill)")
+                break
+        else:
+            ways.append("no smaller chunk fits at this mem_fraction_static")
+    else:
+        ways.append("lower max_running_requests or cuda_graph_max_bs (a smaller decode batch)")
+    if big.id == "indexer_logits" and hx.indexer_path == "torch-sm120":
+        ways.append("score the indexer with TileLang, sglang's sm_120 default (drop "
+                    "SGLANG_OPT_USE_TILELANG_INDEXER=0 from the role's env): its logits are one "
+                    "fp32 [rows, keys] piece, not the torch function's per-head working set")
+    exact = exact_need > have
+    return [check(
+        "capacity.headroom", "error" if exact else "warning",
+        "the longest request does not fit outside the static pool",
+        f"role {role.name}: at its worst moment ({h.notes[0]}) a rank needs {gib(need)} outside "
+        f"mem_fraction_static {mfs:.2f} but the KV pool leaves {gib(have)}; the largest term is "
+        f"{big.id} ({gib(big.bytes)}{'' if big.exact else ', an estimate'}: {big.detail})",
+        "; or ".join(ways), subject=role.name, need_bytes=need, headroom_bytes=have,
+        largest_term=big.id, largest_bytes=big.bytes, longest_request_tokens=longest,
+        source="planner/headroom.py; docs/headroom-sglang-0.5.23.md")]

@@ -206,6 +206,11 @@ class Workload(_Strict):
     context_tokens: int = Field(
         default=32768, ge=1, le=1 << 24, description="Tokens per request (prompt + output)."
     )
+    longest_request_tokens: int | None = Field(
+        default=None, ge=1, le=1 << 24,
+        description="The longest single request (prompt + output) the deployment must serve; "
+        "the headroom check sizes the prefill workspace for it. Unset: context_tokens.",
+    )
 
 
 class Kernels(_Strict):
