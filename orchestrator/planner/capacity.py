@@ -22,8 +22,8 @@ from orchestrator.catalog import (
 from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.facts import Facts
-from orchestrator.planner.checks import check, gib
 from orchestrator.planner import headroom as hr
+from orchestrator.planner.checks import check, gib
 from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
 from orchestrator.planner_model import Check, GpuRow, HeadroomTermRow, RoleCapacity, WeightGroup
 from orchestrator.profile.schema import Profile

@@ -11,6 +11,7 @@ The memory section adds up to the GPU's capacity exactly (integers, bytes):
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -136,8 +137,44 @@ def kv_section(plan: Plan, c: RoleCapacity) -> Section | None:
     return Section("KV pool (SGLang 0.5.23 DSV4PoolConfigurator.calculate_pool_sizes)", lines)
 
 
+HEADROOM_LABELS = {
+    "cuda_context": "CUDA context, cuBLAS workspaces",
+    "nccl": "NCCL communicator buffers",
+    "custom_allreduce": "custom all-reduce buffers",
+    "activations": "activations of the worst step",
+    "cuda_graphs": "CUDA graphs (captured batch sizes)",
+    "indexer_logits": "DSA indexer logits workspace",
+}
+
+
+def headroom_section(plan: Plan, c: RoleCapacity) -> Section | None:
+    """What lives outside mem_fraction_static (planner/headroom.py), term by term."""
+    if not c.headroom_terms:
+        return None
+    lines = [f"worst moment: the longest request, {c.longest_request_tokens:,} tokens, "
+             f"chunked_prefill_size {c.chunked_prefill_size:,}"]
+    for phase, title, total in (
+            ("before-baseline", "before SGLang's baseline (= preload above)", c.preload_bytes),
+            ("runtime", "at run time, out of the headroom", c.headroom_need_bytes)):
+        lines.append(f"{title}:")
+        for t in (t for t in c.headroom_terms if t.phase == phase):
+            kind = "exact" if t.exact else "estimate"
+            lines.append(_row(f"  {HEADROOM_LABELS.get(t.id, t.id)} ({kind})", t.bytes))
+            lines += textwrap.wrap(t.detail, 90, initial_indent="      ",
+                                   subsequent_indent="        ")
+            lines += textwrap.wrap(f"source: {t.source}", 90, initial_indent="      ",
+                                   subsequent_indent="        ")
+        lines.append(_row("  = sum", total))
+    verdict = ("fits" if c.headroom_need_bytes <= c.headroom_bytes else
+               "does NOT fit (capacity.headroom)")
+    lines.append(_row(f"headroom left by the KV pool: need {_gib(c.headroom_need_bytes)}, "
+                      f"{verdict}", c.headroom_bytes, width=56))
+    lines.append("derivation, term by term with sources: docs/headroom-sglang-0.5.23.md")
+    return Section("Outside mem_fraction_static (headroom model)", lines)
+
+
 #: Sections shown per role, in order. Append a function to add one.
-ROLE_SECTIONS: list[SectionFn] = [memory_section, weights_section, kv_section]
+ROLE_SECTIONS: list[SectionFn] = [memory_section, weights_section, kv_section, headroom_section]
 
 
 def render_explain(plan: Plan, sections: list[SectionFn] | None = None) -> str:

@@ -189,8 +189,8 @@ def default_cuda_graph_max_bs(gpu_total_bytes: int, tp: int, max_running_request
 def decode_capture_bs(max_bs: int, speculative: bool) -> list[int]:
     """``generate_decode_cuda_graph_batch_sizes`` (cuda_graph_hook.py L500-532)."""
     if not speculative:
-        bs = ([1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
-              + list(range(512, max_bs + 1, 32)))
+        bs = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+              *range(512, max_bs + 1, 32)]
     else:
         bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
               + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16)))

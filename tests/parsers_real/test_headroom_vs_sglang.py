@@ -119,7 +119,7 @@ class _LiveBytes(TorchDispatchMode):
             self.cur -= self.size.pop(key)
             del self.refs[key]
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or (
@@ -143,7 +143,7 @@ class _LiveBytes(TorchDispatchMode):
 def _run_torch_sm120(rows: int, pages: int, heads: int) -> tuple[int, int]:
     path = sglang_root() / "srt/layers/attention/dsv4/indexer.py"
     ns = _ns(torch=torch, F=torch.nn.functional, FP8_DTYPE=torch.float8_e4m3fn, Any=Any)
-    exec(extract(path, ["fp8_paged_mqa_logits_torch_sm120"]), ns)  # noqa: S102
+    exec(extract(path, ["fp8_paged_mqa_logits_torch_sm120"]), ns)
     fn = ns["fp8_paged_mqa_logits_torch_sm120"]
     g = torch.Generator().manual_seed(1)
     kv = torch.randint(0, 60, (pages, 64, 1, 132), dtype=torch.uint8, generator=g)
@@ -179,7 +179,7 @@ def _memory_hook_ns(gpu_mib: float, args: types.SimpleNamespace) -> dict[str, An
 
     root = sglang_root()
     graph_ns = _ns(resolving_view=lambda s: s)
-    exec(extract(root / "srt/arg_groups/cuda_graph_hook.py",  # noqa: S102
+    exec(extract(root / "srt/arg_groups/cuda_graph_hook.py",
                  ["generate_prefill_cuda_graph_batch_sizes",
                   "generate_decode_cuda_graph_batch_sizes"]), graph_ns)
     qwen = types.ModuleType("sglang.srt.arg_groups.model_overrides.qwen3_vl")
@@ -215,7 +215,7 @@ def _memory_hook_ns(gpu_mib: float, args: types.SimpleNamespace) -> dict[str, An
         envs=types.SimpleNamespace(SGLANG_SYMM_MEM_PREALLOC_GB_SIZE=None),
         _DEFAULT_PP_PREFILL_CUDA_GRAPH_MAX_TOKENS=8192, Any=Any))
     ns["__builtins__"] = dict(vars(builtins), __import__=imp)
-    exec(extract(root / "srt/arg_groups/memory_hook.py",  # noqa: S102
+    exec(extract(root / "srt/arg_groups/memory_hook.py",
                  ["handle_gpu_memory_settings", "reserve_for_graph_mb",
                   "reserve_for_deepep_a2a_mb"]), ns)
     return ns
