@@ -336,8 +336,7 @@ def upload_release(ctx: Context, step: Any) -> Outcome:
     assert ctx.target is not None and ctx.deployment is not None
     total = sum(len(d) for d, _ in ctx.tree.values())
     ctx.store.upload(ctx.target, ctx.tree, ctx.manifest_sha)
-    root = shlex.quote(ctx.host.install_root)
-    ctx.remote.check(f"mkdir -p {root}/logs", timeout=30, what="creating the log dir")
+    ctx.store.mkdirs("logs", what="creating the log dir")
     if ctx.secrets:
         ctx.store.write_secrets(ctx.deployment.name, ctx.secrets)
     return Outcome(detail=f"{len(ctx.tree)} files, {total} bytes"
@@ -390,7 +389,7 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
     root = ctx.host.install_root
     dest = f"{root}/kernels/{digest}"
     tgz = f"{root}/.incoming/kernels-{digest}.tar.gz"
-    ctx.remote.check(f"mkdir -p {shlex.quote(root)}/.incoming {shlex.quote(dest)}", timeout=30)
+    ctx.store.mkdirs(".incoming", f"kernels/{digest}", what="preparing the kernels upload")
     ctx.remote.put_bytes(data, tgz, mode=0o600)
     py = shlex.quote(f"{ctx.deployment.engine_env}/bin/python")
     ctx.remote.check(f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(dest)} && "

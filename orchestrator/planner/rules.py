@@ -172,7 +172,7 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
 
 def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     """Every rendered engine/router command line against the pinned version's flag table."""
-    from orchestrator.render.argv import engine_argv, router_argv
+    from orchestrator.render.argv import engine_argv, reserved_in_extra_args, router_argv
 
     out: list[Check] = []
     try:
@@ -193,6 +193,12 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     except DsvError as exc:
         return [check("engine.render", "error", "command line cannot be rendered", exc.message,
                       exc.fix, subject="engine")]
+    for r in dep.roles:
+        for i, word, instead in reserved_in_extra_args(table, r):
+            out.append(check("engine.flag-reserved", "error", "extra_args overrides a rendered flag",
+                             f"role {r.name}: extra_args[{i}] = {word!r} would override what "
+                             f"dsv4ctl renders (argparse keeps the last value)", instead,
+                             subject=f"topology.{r.name}.extra_args"))
     for role, argv, tbl in lines:
         for p in tbl.check(argv):
             sev = "error" if p.severity == "error" else "warning"

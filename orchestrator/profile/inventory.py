@@ -8,9 +8,9 @@ them with probed ones.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.profile.types import (
     AbsPath,
@@ -65,6 +65,30 @@ class JumpHost(_Strict):
     port: Port | Literal[22] = 22
 
 
+# Directories that belong to the system: an install root there would mix dsv4ctl's releases with
+# the OS's files (and `/` or `/etc` would let a release path land on system configuration).
+# A root under /tmp or /var/tmp (world-writable, sticky) is refused on the host, where the mode of
+# every ancestor is seen (hostfs.dsv4_root), not here: tests render into pytest's temp dirs.
+_SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
+                 "/proc", "/sys", "/dev", "/run")
+_SYSTEM_DIRS = ("/", "/home", "/root", "/opt", "/srv", "/var", "/var/lib", "/mnt", "/media",
+                "/usr/local")
+
+
+def _dedicated_root(value: str) -> str:
+    """install_root must be a directory of its own (issue 19). What can only be seen on the host
+    (owner, mode, links, a world-writable ancestor) is checked there before anything is written
+    (orchestrator.remote.hostfs)."""
+    if value in _SYSTEM_DIRS:
+        raise ValueError(f"{value} is a system directory shared with everything else on the host; "
+                         "use a dedicated directory such as /srv/dsv4")
+    for tree in _SYSTEM_TREES:
+        if value == tree or value.startswith(tree + "/"):
+            raise ValueError(f"{value} is under {tree}, which belongs to the operating system; "
+                             "use a dedicated directory such as /srv/dsv4")
+    return value
+
+
 class Host(_Strict):
     address: HostName = Field(description="DNS name or IP address used for SSH.")
     user: UserName = Field(default="root", description="SSH user.")
@@ -89,8 +113,10 @@ class Host(_Strict):
         default=False,
         description="Whether the host has RDMA NICs (PD transfer backend 'mooncake' needs them).",
     )
-    install_root: SafePath = Field(
-        default="/srv/dsv4", description="Where releases/ and the current link live on the host."
+    install_root: Annotated[SafePath, AfterValidator(_dedicated_root)] = Field(
+        default="/srv/dsv4",
+        description="Where releases/ and the current link live on the host: a dedicated directory "
+        "owned by the SSH user or root and not writable by group or others (checked on the host).",
     )
     gpus: DeclaredGpus = Field(description="Declared GPUs, used when the host is not probed.")
     disks: list[DeclaredDisk] = Field(default_factory=list)

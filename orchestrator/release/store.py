@@ -24,6 +24,7 @@ from orchestrator.planner_model import PlannedFile
 from orchestrator.release.ids import is_release_id, sequence, sort_ids
 from orchestrator.release.prune import select_prunable
 from orchestrator.release.record import ReleaseRecord
+from orchestrator.remote import hostfs
 from orchestrator.remote.probes import MARK, CommandResult, manifest_hashes
 
 MANIFEST = "manifest.json"
@@ -109,9 +110,14 @@ class ReleaseStore:
         return "/".join((self.releases, release_id, *parts))
 
     # ------------------------------------------------------------------------------ reading ---
+    def mkdirs(self, *rels: str, mode: str = "0755", what: str = "") -> None:
+        """Create (or check) directories under the install root, never through a symbolic link
+        (:mod:`orchestrator.remote.hostfs`)."""
+        self.shell.check(hostfs.ensure_dirs(self.root, *rels, mode=mode), timeout=30,
+                         what=what or f"creating {', '.join(rels)} under {self.root}")
+
     def ensure_layout(self) -> None:
-        self.shell.check(f"mkdir -p {shlex.quote(self.releases)}", timeout=30,
-                         what=f"creating {self.releases}")
+        self.mkdirs("releases")
 
     def list_ids(self) -> list[str]:
         res = self.shell.run(f"ls -1 {shlex.quote(self.releases)} 2>/dev/null", timeout=30)
@@ -175,7 +181,7 @@ class ReleaseStore:
         """Rewrite ``releases/<id>/record.json`` atomically (called after every step)."""
         d = self.path(record.id)
         if record.id not in self._dirs:
-            self.shell.check(f"mkdir -p {shlex.quote(d)}", timeout=30, what="creating release dir")
+            self.mkdirs(f"releases/{record.id}", what="creating the release dir")
             self._dirs.add(record.id)
         self.shell.replace_bytes(record.to_json().encode(), f"{d}/{RECORD}", mode=0o644)
 
@@ -193,8 +199,9 @@ class ReleaseStore:
         tmp = f"{self.releases}/.tmp-{release_id}"
         incoming = f"{self.root}/.incoming"
         tgz = f"{incoming}/{release_id}.tar.gz"
-        self.shell.check(f"mkdir -p {shlex.quote(incoming)} && rm -rf {shlex.quote(tmp)} && "
-                         f"mkdir -p {shlex.quote(tmp)}", timeout=60, what="preparing the upload")
+        self.mkdirs(".incoming", "releases", what="preparing the upload")
+        self.shell.check(f"rm -rf {shlex.quote(tmp)}", timeout=60, what="preparing the upload")
+        self.mkdirs(f"releases/.tmp-{release_id}", what="preparing the upload")
         self.shell.put_bytes(build_tarball(files), tgz, mode=0o600, on_progress=on_progress)
         check_lines = "".join(f"{h}  {p}\n" for p, h in sorted(manifest_sha.items()))
         self.shell.put_bytes(check_lines.encode(), f"{tmp}.sha256", mode=0o600)
@@ -206,7 +213,8 @@ class ReleaseStore:
         dest = self.path(release_id)
         # move each top-level entry into the release dir (which holds only record.json so far)
         self.shell.check(
-            f"mkdir -p {shlex.quote(dest)} && cd {shlex.quote(tmp)} && for e in * .[!.]*; do "
+            f"{hostfs.ensure_dirs(self.root, f'releases/{release_id}')}\n"
+            f"cd {shlex.quote(tmp)} && for e in * .[!.]*; do "
             f"[ -e \"$e\" ] || continue; mv -f \"$e\" {shlex.quote(dest)}/; done && cd / && "
             f"rmdir {shlex.quote(tmp)}", timeout=120, what="moving the release into place")
 
@@ -237,8 +245,8 @@ class ReleaseStore:
         """``secrets/<name>.env``, mode 0600, written via SFTP (values never pass through a shell
         command line, so they do not show up in the host's process list or logs)."""
         d = f"{self.root}/secrets"
-        self.shell.check(f"mkdir -p {shlex.quote(d)} && chmod 700 {shlex.quote(d)}", timeout=30,
-                         what="creating the secrets dir")
+        self.mkdirs("secrets", mode="0700", what="creating the secrets dir")
+        self.shell.check(f"chmod 700 {shlex.quote(d)}", timeout=30, what="creating the secrets dir")
         body = "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items()))
         tmp = f"{d}/.{name}.env.tmp"
         self.shell.put_bytes(body.encode(), tmp, mode=0o600)

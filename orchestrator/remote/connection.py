@@ -27,8 +27,10 @@ import http.client
 import json
 import logging
 import os
+import secrets
 import select
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -345,34 +347,68 @@ class RemoteHost:
             self._sftp_client = self.connection.client.open_sftp()
         return self._sftp_client
 
+    def _open_new(self, path: str, mode: int) -> paramiko.SFTPFile:
+        """Create ``path`` with ``O_CREAT|O_EXCL`` and permissions ``mode`` from the first byte.
+
+        paramiko's ``SFTPClient.open`` sends no attributes (the file is born 0666 & umask and only
+        chmod'ed later) and has no way to ask for them; this is its own CMD_OPEN request with the
+        permissions set. O_EXCL fails on any existing name, a dangling symbolic link included, so
+        the write can never land in a link's target."""
+        sftp = self._sftp()
+        attrs = paramiko.SFTPAttributes()
+        attrs.st_mode = mode
+        flags = (paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE
+                 | paramiko.sftp.SFTP_FLAG_EXCL)
+        t, msg = sftp._request(paramiko.sftp.CMD_OPEN, path, flags, attrs)
+        if t != paramiko.sftp.CMD_HANDLE:
+            raise paramiko.SFTPError("Expected handle")
+        return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+
+    def _refuse_link(self, remote_path: str) -> None:
+        try:
+            st = self._sftp().lstat(remote_path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode or 0):
+            raise RemoteError(
+                f"dsv4ctl refuses {remote_path} on host '{self.name}': it is a symbolic link "
+                "(dsv4ctl never writes through one)",
+                fix="remove the link if you did not make it, and find out who did")
+
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644,
                   chunk: int = 1 << 16, on_progress: Callable[[int, int], None] | None = None
                   ) -> None:
-        """Write ``data`` to ``remote_path`` over SFTP (no shell involved, so no quoting issues)."""
+        """Write ``data`` to ``remote_path`` over SFTP (no shell, so no quoting issues), atomically
+        and without following symbolic links: a fresh temp file beside it, created exclusively with
+        its final ``mode`` (no window where it is readable by others), then renamed over it (SFTP
+        posix-rename, rename(2), which replaces a name and never follows one). A symbolic link at
+        ``remote_path`` is refused. The directory must be one dsv4ctl checked
+        (:mod:`orchestrator.remote.hostfs`): only its owner could swap names in it."""
+        head, _, name = remote_path.rpartition("/")
+        tmp_path = f"{head}/.{name}.{secrets.token_hex(6)}.tmp"
         try:
+            self._refuse_link(remote_path)
             sftp = self._sftp()
-            with sftp.open(remote_path, "wb") as fh:
-                fh.set_pipelined(True)
-                for off in range(0, len(data), chunk):
-                    fh.write(data[off:off + chunk])
-                    if on_progress is not None:
-                        on_progress(min(off + chunk, len(data)), len(data))
-            sftp.chmod(remote_path, mode)
+            try:
+                with self._open_new(tmp_path, mode) as fh:
+                    fh.set_pipelined(True)
+                    for off in range(0, len(data), chunk):
+                        fh.write(data[off:off + chunk])
+                        if on_progress is not None:
+                            on_progress(min(off + chunk, len(data)), len(data))
+                    fh.chmod(mode)  # fsetstat on the handle: the umask may have narrowed it
+                sftp.posix_rename(tmp_path, remote_path)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp_path)
+                raise
         except (EOFError, OSError, paramiko.SSHException) as exc:
             raise RemoteError(f"upload of {remote_path} to host '{self.name}' failed: {exc}",
                               fix="check the network and free disk space on the host") from exc
 
     def replace_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        """Atomically replace ``remote_path``: write a temp file beside it, then rename over it
-        (SFTP posix-rename, OpenSSH's rename(2) extension)."""
-        tmp = remote_path.rsplit("/", 1)
-        tmp_path = f"{tmp[0]}/.{tmp[1]}.tmp" if len(tmp) == 2 else f".{remote_path}.tmp"
-        self.put_bytes(data, tmp_path, mode=mode)
-        try:
-            self._sftp().posix_rename(tmp_path, remote_path)
-        except (EOFError, OSError, paramiko.SSHException) as exc:
-            raise RemoteError(f"replacing {remote_path} on host '{self.name}' failed: {exc}") \
-                from exc
+        """Atomically replace ``remote_path`` (what :meth:`put_bytes` does for every write)."""
+        self.put_bytes(data, remote_path, mode=mode)
 
     def open_process(self, command: str) -> paramiko.Channel:
         """Start ``command`` on its own channel and return it; it lives until the channel closes

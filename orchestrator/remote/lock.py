@@ -27,6 +27,7 @@ from typing import Any
 import paramiko
 
 from orchestrator.errors import LockHeld, RemoteError
+from orchestrator.remote import hostfs
 from orchestrator.remote.connection import RemoteHost
 
 LOCK_NAME = ".dsv4ctl.lock"
@@ -109,16 +110,19 @@ class HostLock:
         payload = json.dumps(holder_info(self.command), sort_keys=True)
         # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
         # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid.
+        tmp = shlex.quote(info + ".tmp")
         inner = (
-            f"umask 077; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
-            f"> {shlex.quote(info)}.tmp"
-            f" && mv -f {shlex.quote(info)}.tmp {shlex.quote(info)}; echo LOCKED $PPID; "
+            # never through a planted link (issue 19): refuse one, and create the temp file
+            # exclusively (noclobber: O_EXCL) so nothing can slip in between check and write
+            f"{hostfs.PRELUDE}\ndsv4_nolink {tmp}; dsv4_nolink {shlex.quote(info)}; rm -f {tmp}; "
+            f"umask 077; set -C; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
+            f"> {tmp} && mv -fT {tmp} {shlex.quote(info)}; echo LOCKED $PPID; "
             # hold until our stdin closes (release, exit or dropped connection), then tidy up the
             # info file if it is still ours
             f"cat >/dev/null; [ \"$(head -n 1 {shlex.quote(info)} 2>/dev/null)\" = \"$PPID\" ] "
             f"&& rm -f {shlex.quote(info)}; exit 0"
         )
-        return (f"mkdir -p {shlex.quote(self.install_root)} && "
+        return (f"{hostfs.check_root(self.install_root)}\ndsv4_nolink {shlex.quote(lock)}\n"
                 f"exec flock -n -o -E {REFUSED_RC} {shlex.quote(lock)} sh -c {shlex.quote(inner)}")
 
     def acquire(self, timeout: float = 30.0) -> None:
@@ -156,6 +160,11 @@ class HostLock:
                     f"`dsv4ctl unlock --force --host {self.remote.name}` shows the holder and "
                     "ends it",
             )
+        if rc == hostfs.REFUSED_RC:
+            raise RemoteError(f"cannot take the lock on host '{self.remote.name}': {err or line}",
+                              fix="install_root must be a dedicated directory owned by the deploying "
+                                  "user or root, not writable by group or others, with no symbolic "
+                                  "link planted in it")
         raise RemoteError(f"cannot take the lock on host '{self.remote.name}' (exit {rc}): "
                           f"{err or line}", fix="`flock` (util-linux) must exist on the host and "
                           "the install root must be writable")

@@ -31,12 +31,81 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.catalog.flags import FlagTable
 from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.errors import RenderError
 
 ENGINE_HOST = "127.0.0.1"  # engines listen on loopback; clients reach the router (PD) or a proxy
 
 _SPEC_ALGORITHMS = {"eagle": "EAGLE", "dspark": "DSPARK"}
+
+
+# Every engine flag this module renders, with the profile field that sets it ("" when dsv4ctl fixes
+# the value by design, with the reason). extra_args may not repeat one: argparse keeps the last
+# value, so `extra_args: [--host, 0.0.0.0]` silently moved the engine off loopback and
+# `--model-path` could point it elsewhere (issue 19). tests/unit/test_hostile_reserved_flags.py checks
+# that every flag engine_argv emits is listed here, so this table and the renderer cannot drift.
+ENGINE_FLAG_FIELDS: dict[str, str] = {
+    "--model-path": "model.path",
+    "--served-model-name": "model.served_name",
+    "--trust-remote-code": "model.trust_remote_code",
+    "--host": "|engines listen on 127.0.0.1; clients reach them through the router (PD) or a proxy",
+    "--port": "topology.{role}.port",
+    "--tp-size": "topology.{role}.tp",
+    "--ep-size": "topology.{role}.ep",
+    "--attn-dp-size": "topology.{role}.attn_dp",
+    "--moe-runner-backend": "moe.runner_backend",
+    "--kv-cache-dtype": "attention.kv_cache_dtype",
+    "--json-model-override-args": "attention.index_topk",
+    "--context-length": "attention.context_length",
+    "--enable-deepseek-v4-fp4-indexer": "attention.fp4_indexer",
+    "--mem-fraction-static": "topology.{role}.mem_fraction_static (or serving.mem_fraction_static)",
+    "--max-running-requests": "topology.{role}.max_running_requests",
+    "--chunked-prefill-size": "topology.{role}.chunked_prefill_size",
+    "--cuda-graph-max-bs-decode": "topology.{role}.cuda_graph_max_bs",
+    "--reasoning-parser": "|DeepSeek-V4's reasoning parser is always rendered",
+    "--tool-call-parser": "|DeepSeek-V4's tool-call parser is always rendered",
+    "--enable-metrics": "|health checks and monitoring read /metrics",
+    "--enable-cache-report": "serving.enable_cache_report",
+    "--watchdog-timeout": "serving.watchdog_timeout_s",
+    "--nccl-port": "topology.{role}.nccl_port",
+    "--engine-info-bootstrap-port": "topology.{role}.engine_info_bootstrap_port",
+    "--disaggregation-mode": "topology.mode",
+    "--disaggregation-transfer-backend": "topology.transfer_backend",
+    "--disaggregation-bootstrap-port": "topology.prefill.bootstrap_port",
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-eagle-topk": "|DeepSeek-V4 accepts EAGLE only with top-k 1",
+    "--speculative-num-steps": "speculative.num_steps",
+    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+    "--speculative-dspark-block-size": "speculative.dspark_block_size",
+    "--sampling-defaults": "|the checkpoint's generation config fills what a request omits",
+    "--preferred-sampling-params": "serving.sampling_defaults",
+}
+
+
+def reserved_in_extra_args(table: FlagTable, role: RoleDeployment) -> list[tuple[int, str, str]]:
+    """``(index, token, what to use instead)`` for each word of ``role.extra_args`` that names a
+    flag dsv4ctl renders itself, under any of its aliases (``--model`` is ``--model-path``) or as
+    ``--flag=value``."""
+    owners: dict[str, str] = {}
+    for flag, field in ENGINE_FLAG_FIELDS.items():
+        spec = table.spec(flag)
+        if spec is not None:
+            owners[spec.dest] = f"{flag}|{field}"
+    out: list[tuple[int, str, str]] = []
+    for i, word in enumerate(role.extra_args):
+        if not word.startswith("-"):
+            continue
+        spec = table.spec(word.split("=", 1)[0])
+        if spec is None or spec.dest not in owners:
+            continue
+        flag, _, field = owners[spec.dest].partition("|")
+        if field.startswith("|"):
+            instead = f"dsv4ctl renders {flag} itself and it has no profile field: {field[1:]}"
+        else:
+            instead = f"dsv4ctl renders {flag} from {field.format(role=role.name)}; set that instead"
+        out.append((i, word, instead))
+    return out
 
 
 def _num(value: float) -> str:

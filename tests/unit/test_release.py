@@ -148,6 +148,7 @@ def tree(decode_arg: str) -> tuple[dict[str, tuple[bytes, int]], dict[str, str]]
 
 
 def test_store_upload_switch_prune_records(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()  # the host lock creates and checks the root (hostfs.dsv4_root)
     store = ReleaseStore(LocalShell(), str(tmp_path / "root"))
     store.ensure_layout()
     assert store.current() is None and store.list_ids() == []

@@ -45,7 +45,10 @@ def make_ctx(tmp: Path, selftest: bool) -> Context:
         "model": {"variant": "dsv4-flash-nvfp4", "path": "/models/x"},
         "topology": {"mode": "colocated", "engine": {"gpus": [0], "tp": 1}},
         "kernels": {"enabled": True, "selftest": selftest}}), "p.yaml")
-    host = Host(address="h", install_root=str(tmp / "root"), gpus={"model": "x", "count": 1})
+    # the inventory refuses an install_root under /tmp; this test's LocalShell writes under tmp
+    host = Host(address="h", gpus={"model": "x", "count": 1}).model_copy(
+        update={"install_root": str(tmp / "root")})
+    (tmp / "root").mkdir()
     lines: list[str] = []
     ctx = Context(remote=LocalShell(), host_name="h", host=host,  # type: ignore[arg-type]
                   out=lines.append, now=lambda: datetime.now(UTC), command="t")
