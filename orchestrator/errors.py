@@ -7,6 +7,8 @@ below the CLI prints or exits. Each error carries what went wrong and, where we 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -39,6 +41,19 @@ class DsvError(Exception):
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return text
+
+
+def did_you_mean(value: object, choices: Iterable[object], *, what: str = "choices") -> str:
+    """A fix for a value outside a fixed set: the closest choice (difflib) when there is one, else the
+    set, listed once: ``did you mean 'flashinfer_cutlass'?``."""
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    if close:  # the likely intent; the whole set only when it is short
+        return f"did you mean '{close[0]}'?" + (f" ({', '.join(names)})" if len(names) <= 8 else "")
+    if not names:
+        return f"there are no {what}"
+    return f"use one of the {len(names)} {what}: {', '.join(names)}" if len(names) > 1 \
+        else f"use '{names[0]}'"
 
 
 @dataclass(frozen=True)

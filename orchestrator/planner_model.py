@@ -34,6 +34,8 @@ class Check(_Frozen):
     acknowledged: bool = False
     ack_reason: str | None = None
     source: str | None = None  # upstream issue or doc behind the rule
+    field: str | None = None  # dotted profile path the check is about (topology.decode.gpus)
+    location: str | None = None  # file:line:col of that field (or its nearest written parent)
 
 
 class WeightGroup(_Frozen):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.errors import CatalogLookupError, DsvError
+from orchestrator.errors import CatalogLookupError, DsvError, did_you_mean
 
 
 class CatalogError(DsvError):
@@ -31,9 +31,8 @@ class UnknownCatalogEntry(CatalogError, CatalogLookupError):
         self.key = key
         self.known: tuple[str, ...] = tuple(sorted(set(known)))
         super().__init__(
-            f"unknown {kind} {key!r}: the catalog has no entry for it "
-            f"(known: {', '.join(self.known) or 'none'}).",
-            fix=f"use one of the known {kind} ids, or add a sourced entry to the catalog data.",
+            f"unknown {kind} '{key}': the catalog has no entry for it.",
+            fix=did_you_mean(key, self.known, what=f"known {kind} ids"),
         )
 
     # KeyError.__str__ would quote the whole message; keep it readable.

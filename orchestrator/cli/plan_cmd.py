@@ -30,17 +30,29 @@ _inventory_opt = click.option(
 
 @click.command()
 @_profile_arg(required=False)
-def validate(profile: Path | None) -> int:
-    """Check a profile's shape (types, ranges, unknown keys) without planning.
+@_inventory_opt
+@click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+def validate(profile: Path | None, inventory: Path | None, verbose: bool) -> int:
+    """Check a profile without a host: its shape, and every check `plan` makes that needs no host
+    facts (catalog ids and enums, engine rules and flags, topology, ports).
 
-    Errors name the file, line, field path, value, reason and fix. Use `dsv4ctl plan` to also check
-    it against the catalog, the engine version and the host.
+    Every finding names file:line:col, the field, the value, the reason and a fix. `dsv4ctl plan`
+    runs the same checks and adds those that need the host (GPUs, disks, ports in use).
     """
     from orchestrator.paths import default_profile
-    from orchestrator.profile import load_profile
+    from orchestrator.planner.report import check_lines
+    from orchestrator.planner.static import check_profile
 
     path = profile or default_profile()
-    p = load_profile(path)
+    p, checks = check_profile(path, inventory)
+    shown = [c for c in checks if verbose or c.severity != "info"]
+    for c in shown:
+        for line in check_lines(c, verbose=verbose):
+            click.echo(line)
+    errors = [c for c in checks if c.severity == "error" and not c.acknowledged]
+    if errors:
+        click.echo(f"{path}: {len(errors)} error(s); `dsv4ctl plan` would refuse it too")
+        return int(ExitCode.ERROR)
     click.echo(f"{path}: valid profile '{p.name}' ({p.topology.mode}, model {p.model.variant})")
     return 0
 
@@ -54,12 +66,15 @@ def schema(inventory_schema: bool) -> int:
     VS Code / yaml-language-server: save it and add at the top of a profile
       # yaml-language-server: $schema=./dsv4ctl.schema.json
     """
-    from orchestrator.profile import Inventory, Profile
+    if inventory_schema:
+        from orchestrator.profile import Inventory
+        from orchestrator.profile.jsonschema import json_schema
 
-    model = Inventory if inventory_schema else Profile
-    data = model.model_json_schema(by_alias=True)
-    data["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    data["title"] = "dsv4ctl inventory" if inventory_schema else "dsv4ctl profile"
+        data = json_schema(Inventory, "dsv4ctl inventory")
+    else:
+        from orchestrator.planner.jsonschema import profile_schema
+
+        data = profile_schema()
     click.echo(json.dumps(data, indent=2, sort_keys=True))
     return 0
 

@@ -23,11 +23,12 @@ from orchestrator.planner.checks import (
     apply_acknowledgements,
     disk_rows,
     host_key_checks,
-    topology_checks,
+    host_topology_checks,
 )
+from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner_model import Action, Check, Plan, PlannedFile
 from orchestrator.profile.inventory import Host, Inventory
-from orchestrator.profile.loader import load_inventory, load_text, read_file
+from orchestrator.profile.loader import load_inventory, load_text, locate, read_file
 from orchestrator.profile.schema import Profile
 
 # Files of a release that describe it rather than configure a service: they change whenever anything
@@ -85,21 +86,30 @@ def load_context(profile_path: Path | None, inventory_path: Path | None, *,
     return PlanContext(profile, path, text, name, host, inv_path)
 
 
-def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[EngineRules, ModelVariant]:
+def catalog_entries(cat: Catalog, profile: Profile, ctx_path: str, text: str = ""
+                    ) -> tuple[EngineRules, ModelVariant]:
+    """The profile's engine version and model variant in the catalog; unknown ids are located
+    problems with a did-you-mean."""
     problems = []
     engine: EngineRules | None = None
     model: ModelVariant | None = None
+
+    def at(field: str) -> dict[str, int | None]:
+        pos = locate(text, field) if text else None
+        return {"line": pos[0], "column": pos[1]} if pos else {}
+
     try:
         engine = cat.engine(profile.engine.name, profile.engine.version)
     except UnknownCatalogEntry as exc:
-        problems.append(Problem("engine.version", str(exc), value=repr(profile.engine.version),
-                                file=ctx_path,
-                                fix="pin an engine version the catalog knows (dsv4ctl catalog engines)"))
+        problems.append(Problem(
+            "engine.version", exc.message, value=f"'{profile.engine.version}'", file=ctx_path,
+            fix=f"{exc.fix}; `dsv4ctl catalog engines` lists them", **at("engine.version")))
     try:
         model = cat.model(profile.model.variant)
     except UnknownCatalogEntry as exc:
-        problems.append(Problem("model.variant", str(exc), value=repr(profile.model.variant),
-                                file=ctx_path, fix="use a variant id from `dsv4ctl catalog models`"))
+        problems.append(Problem(
+            "model.variant", exc.message, value=f"'{profile.model.variant}'", file=ctx_path,
+            fix=f"{exc.fix}; `dsv4ctl catalog models` lists them", **at("model.variant")))
     if problems or engine is None or model is None:
         raise InputError(kind=ctx_path, problems=problems)
     return engine, model
@@ -107,7 +117,7 @@ def _catalog_entries(cat: Catalog, profile: Profile, ctx_path: str) -> tuple[Eng
 
 def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
     cat = cat or load_catalog()
-    _, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
+    _, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
     config = cat.config_of(model)
     return resolve(ctx.profile, ctx.host_name, ctx.host,
                    default_index_topk=config.index_topk.value,
@@ -120,12 +130,13 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
 
     cat = cat or load_catalog()
     facts = facts or declared_facts(ctx.host_name, ctx.host)
-    engine, model = _catalog_entries(cat, ctx.profile, str(ctx.profile_path))
+    engine, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
     dep = resolve_deployment(ctx, cat)
-    config = cat.config_of(model)
 
-    checks: list[Check] = []
-    checks += topology_checks(dep, facts, config.num_attention_heads.value)
+    # the static half is exactly what `dsv4ctl validate` reports; the rest needs the host
+    static = static_checks(cat, engine, model, dep, ctx.profile)
+    checks: list[Check] = [*static]
+    checks += host_topology_checks(dep, facts)
     gpu_checks, gpu = capacity.host_gpu(cat, facts, dep)
     checks += gpu_checks
     role_caps, gpu_rows, cap_checks = [], [], []
@@ -133,15 +144,15 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
             cat, engine, model, dep, ctx.profile, gpu, facts)
     checks += cap_checks
-    checks += rules.engine_checks(cat, engine, model, dep, ctx.profile, gpu, ctx.host)
+    if gpu is not None:
+        checks += rules.gpu_engine_checks(cat, engine, model, dep, gpu, ctx.host, static)
     disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),
                                    dep.model_variant)
     checks += disk_checks
     checks += host_key_checks(ctx.host_name, ctx.host)
     checks = apply_acknowledgements(
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
-    checks = sorted(checks, key=lambda c: ({"error": 0, "warning": 1, "info": 2}[c.severity],
-                                           c.id, c.subject or ""))
+    checks = sort_checks(locate_checks(checks, ctx.profile_text, str(ctx.profile_path)))
 
     tree = render_release(ctx.profile, dep)
     files = [PlannedFile(path=p, mode=f.mode, sha256=None if f.sensitive else f.sha256,

@@ -8,6 +8,7 @@ and what to change. Pure functions.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -57,15 +58,23 @@ def host_gpu(cat: Catalog, facts: Facts, dep: Deployment) -> tuple[list[Check], 
                       subject=facts.host)], None
     specs: dict[str, Gpu] = {}
     checks: list[Check] = []
+    known: tuple[str, ...] = ()
+    unknown: dict[str, list[int]] = {}  # one inventory typo names every GPU: report it once
     for g in present:
         try:
             specs[g.name] = cat.gpu(g.name)
         except UnknownCatalogEntry as exc:
-            checks.append(check(
-                "host.gpu-unknown", "error", "GPU model not in the catalog",
-                f"GPU {g.index} is '{g.name}', which the catalog does not know ({exc})",
-                "use a catalog GPU id in the inventory (dsv4ctl catalog gpus) or add the GPU to "
-                "orchestrator/catalog/data/gpus.yaml with sources", subject=f"gpu{g.index}"))
+            unknown.setdefault(g.name, []).append(g.index)
+            known = exc.known
+    for name, idx in unknown.items():
+        which = f"GPU {idx[0]}" if len(idx) == 1 else f"GPUs {', '.join(map(str, idx))}"
+        close = difflib.get_close_matches(name, known, n=1)
+        checks.append(check(
+            "host.gpu-unknown", "error", "GPU model not in the catalog",
+            f"host {facts.host}: GPU model '{name}' ({which}) is not in the catalog",
+            (f"did you mean '{close[0]}'? " if close else "")
+            + "Set the inventory's gpus.model to a GPU id from `dsv4ctl catalog gpus`, or add the "
+            "GPU to orchestrator/catalog/data/gpus.yaml with sources", subject=facts.host))
     if checks:
         return checks, None
     ids = sorted({s.id for s in specs.values()})

@@ -24,10 +24,11 @@ def check(
     *,
     subject: str | None = None,
     source: str | None = None,
+    field: str | None = None,
     **numbers: float | int | str,
 ) -> Check:
     return Check(id=id, severity=severity, title=title, message=message, fix=fix, subject=subject,
-                 source=source, numbers=dict(sorted(numbers.items())))
+                 source=source, field=field, numbers=dict(sorted(numbers.items())))
 
 
 def gib(n: float) -> str:
@@ -42,9 +43,10 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0 and (limit is None or d <= limit)]
 
 
-def topology_checks(dep: Deployment, facts: Facts, num_heads: int) -> list[Check]:
+def topology_checks(dep: Deployment, num_heads: int) -> list[Check]:
+    """Topology and ports as the profile states them: no host facts needed, so `dsv4ctl validate`
+    reports these too. :func:`host_topology_checks` adds what needs the host."""
     out: list[Check] = []
-    gpu_count = len(facts.gpus)
     owner: dict[int, str] = {}
     for role in dep.roles:
         seen: set[int] = set()
@@ -53,29 +55,24 @@ def topology_checks(dep: Deployment, facts: Facts, num_heads: int) -> list[Check
                 out.append(check(
                     "topology.gpu-duplicate", "error", "GPU listed twice in one role",
                     f"role {role.name} lists GPU {g} more than once",
-                    "list each GPU index once", subject=role.name, gpu=g))
+                    "list each GPU index once",
+                    field=_field(role.name, "gpus"), subject=role.name, gpu=g))
             seen.add(g)
-            if g >= gpu_count:
-                out.append(check(
-                    "topology.gpu-missing", "error", "GPU index not on the host",
-                    f"role {role.name} uses GPU {g}, but host {facts.host} has {gpu_count} GPUs "
-                    f"(indices 0-{gpu_count - 1})",
-                    f"use GPU indices between 0 and {gpu_count - 1}", subject=role.name, gpu=g,
-                    host_gpus=gpu_count))
             if g in owner and owner[g] != role.name:
                 out.append(check(
                     "topology.gpu-overlap", "error", "GPU used by two roles",
                     f"GPU {g} is assigned to both {owner[g]} and {role.name}; two engines cannot "
                     "share a GPU's memory",
                     "give each role a disjoint set of GPUs (e.g. prefill [0,1,2,3], decode [4,5,6,7])",
-                    subject=role.name, gpu=g))
+                    field=_field(role.name, "gpus"), subject=role.name, gpu=g))
             owner.setdefault(g, role.name)
         if role.tp != len(role.gpus):
             out.append(check(
                 "topology.tp-gpus", "error", "TP size differs from the number of GPUs",
                 f"role {role.name} has tp={role.tp} but {len(role.gpus)} GPUs; SGLang runs one rank "
                 "per GPU, so the TP group spans exactly the role's GPUs",
-                f"set tp: {len(role.gpus)} or list {role.tp} GPUs", subject=role.name, tp=role.tp,
+                f"set tp: {len(role.gpus)} or list {role.tp} GPUs",
+                field=_field(role.name, "tp"), subject=role.name, tp=role.tp,
                 gpus=len(role.gpus)))
         if num_heads % role.tp:
             ok = ", ".join(str(d) for d in _divisors(num_heads, 64))
@@ -83,21 +80,46 @@ def topology_checks(dep: Deployment, facts: Facts, num_heads: int) -> list[Check
                 "topology.tp-heads", "error", "TP does not divide the attention heads",
                 f"role {role.name}: tp={role.tp} does not divide the model's {num_heads} attention "
                 "heads; each rank must hold a whole number of heads",
-                f"use tp in {{{ok}}}", subject=role.name, tp=role.tp, heads=num_heads))
+                f"use tp in {{{ok}}}",
+                field=_field(role.name, "tp"), subject=role.name, tp=role.tp, heads=num_heads))
         if role.ep not in (1, role.tp) and (role.tp % role.ep):
             out.append(check(
                 "topology.ep", "error", "EP size does not divide TP",
                 f"role {role.name}: ep={role.ep} with tp={role.tp}; SGLang requires ep_size x "
                 "moe_dp_size == tp_size",
-                f"use ep: 1 or ep: {role.tp}", subject=role.name, ep=role.ep, tp=role.tp))
+                f"use ep: 1 or ep: {role.tp}",
+                field=_field(role.name, "ep"), subject=role.name, ep=role.ep, tp=role.tp))
         if role.tp % role.attn_dp:
             ok = ", ".join(str(d) for d in _divisors(role.tp))
             out.append(check(
                 "topology.attn-dp", "error", "attention-DP does not divide TP",
                 f"role {role.name}: attn_dp={role.attn_dp} must divide tp={role.tp}",
-                f"use attn_dp in {{{ok}}}", subject=role.name, attn_dp=role.attn_dp, tp=role.tp))
-    out.extend(_port_checks(dep, facts))
+                f"use attn_dp in {{{ok}}}",
+                field=_field(role.name, "attn_dp"), subject=role.name, attn_dp=role.attn_dp,
+                tp=role.tp))
+    out.extend(_port_conflicts(dep))
     return out
+
+
+def host_topology_checks(dep: Deployment, facts: Facts) -> list[Check]:
+    """GPU indices the host does not have; ports something else already listens on."""
+    out: list[Check] = []
+    gpu_count = len(facts.gpus)
+    for role in dep.roles:
+        for g in dict.fromkeys(role.gpus):
+            if g >= gpu_count:
+                out.append(check(
+                    "topology.gpu-missing", "error", "GPU index not on the host",
+                    f"role {role.name} uses GPU {g}, but host {facts.host} has {gpu_count} GPUs "
+                    f"(indices 0-{gpu_count - 1})",
+                    f"use GPU indices between 0 and {gpu_count - 1}",
+                    field=_field(role.name, "gpus"), subject=role.name, gpu=g,
+                    host_gpus=gpu_count))
+    return out + _ports_in_use(dep, facts)
+
+
+def _field(role: str, key: str) -> str:
+    return f"topology.{role}.{key}"
 
 
 def _ports(dep: Deployment) -> list[tuple[str, int]]:
@@ -113,18 +135,34 @@ def _ports(dep: Deployment) -> list[tuple[str, int]]:
     return ports
 
 
-def _port_checks(dep: Deployment, facts: Facts) -> list[Check]:
+def _port_field(name: str) -> str:
+    role, key = name.split(".", 1)
+    return f"topology.router.{key}" if role == "router" else _field(role, key)
+
+
+def _port_conflicts(dep: Deployment) -> list[Check]:
     out: list[Check] = []
-    by_port: dict[int, list[str]] = {}
-    for name, port in _ports(dep):
-        by_port.setdefault(port, []).append(name)
-    for port, names in sorted(by_port.items()):
+    for port, names in sorted(_by_port(dep).items()):
         if len(names) > 1:
             out.append(check(
                 "topology.port-conflict", "error", "one port used twice",
                 f"port {port} is used by {', '.join(names)}; every instance on one host needs its own "
                 "--port, --nccl-port and --engine-info-bootstrap-port",
-                f"give {names[1]} a free port", subject=names[1], port=port))
+                f"give {names[1]} a free port", subject=names[1], port=port,
+                field=_port_field(names[1])))
+    return out
+
+
+def _by_port(dep: Deployment) -> dict[int, list[str]]:
+    by_port: dict[int, list[str]] = {}
+    for name, port in _ports(dep):
+        by_port.setdefault(port, []).append(name)
+    return by_port
+
+
+def _ports_in_use(dep: Deployment, facts: Facts) -> list[Check]:
+    out: list[Check] = []
+    by_port = _by_port(dep)
     ours = set(by_port)
     running_units = {u.name for u in facts.units if u.active in ("active", "activating")}
     mine = {r.unit for r in dep.roles} | ({dep.router.unit} if dep.router else set())
@@ -134,7 +172,8 @@ def _port_checks(dep: Deployment, facts: Facts) -> list[Check]:
                 "host.port-in-use", "error", "port already in use on the host",
                 f"port {port} ({', '.join(by_port[port])}) is already listening on {facts.host} and "
                 "not by this deployment",
-                "stop what listens there or choose another port", subject=by_port[port][0], port=port))
+                "stop what listens there or choose another port", subject=by_port[port][0], port=port,
+                field=_port_field(by_port[port][0])))
     return out
 
 

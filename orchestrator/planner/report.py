@@ -68,6 +68,23 @@ def _topology(plan: Plan) -> str:
     return f"{mode}: " + "; ".join(parts)
 
 
+def check_lines(c: Check, *, verbose: bool = False) -> list[str]:
+    """One check as `plan` and `validate` print it: id and title, where in the profile, message,
+    fix (or the acknowledgement), and with ``verbose`` the source."""
+    tag = _SEV[c.severity] + (" (acknowledged)" if c.acknowledged else "")
+    lines = [f"  {tag} {c.id}: {c.title}"]
+    if c.location:
+        lines.append(f"      at {c.location} ({c.field})")
+    lines.append(f"      {c.message}")
+    if c.fix and not c.acknowledged:
+        lines.append(f"      fix: {c.fix}")
+    if c.acknowledged and c.ack_reason:
+        lines.append(f"      acknowledged: {c.ack_reason}")
+    if c.source and verbose:
+        lines.append(f"      source: {c.source}")
+    return lines
+
+
 def render_text(plan: Plan, *, verbose: bool = False) -> str:
     dep = plan.deployment
     lines = [
@@ -118,15 +135,7 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
     if shown:
         lines.append("Checks:")
         for c in shown:
-            tag = _SEV[c.severity] + (" (acknowledged)" if c.acknowledged else "")
-            lines.append(f"  {tag} {c.id}: {c.title}")
-            lines.append(f"      {c.message}")
-            if c.fix and not c.acknowledged:
-                lines.append(f"      fix: {c.fix}")
-            if c.acknowledged and c.ack_reason:
-                lines.append(f"      acknowledged: {c.ack_reason}")
-            if c.source and verbose:
-                lines.append(f"      source: {c.source}")
+            lines += check_lines(c, verbose=verbose)
         lines.append("")
     if plan.actions:
         lines.append("Changes:")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
 from orchestrator.catalog.flags import FlagTable, UnknownFlagTableError, load_flag_table
 from orchestrator.deployment import Deployment
-from orchestrator.errors import DsvError
+from orchestrator.errors import DsvError, did_you_mean
 from orchestrator.planner.capacity import HostGpu
 from orchestrator.planner.checks import check
 from orchestrator.planner_model import Check
@@ -29,16 +29,19 @@ def _accepted(engine: EngineRules, knob: str, value: object, field: str, label: 
     if value in spec.values:
         return []
     allowed = ", ".join(str(v) for v in spec.values)
-    fix = f"use one of: {allowed}"
+    fix = did_you_mean(value, spec.values, what="accepted values")
     if knob == "kv_cache_dtype" and value == "bf16":
         fix = "write 'bfloat16': SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 path"
     return [check(f"engine.{knob.replace('_', '-')}", "error", f"{label} not accepted by the engine",
-                  f"{field} = {value!r}: {engine.engine} {engine.version} accepts only {allowed}"
-                  + (f" ({spec.note})" if spec.note else ""), fix, subject=field, source=spec.source)]
+                  f"{field} = {value}: {engine.engine} {engine.version} accepts only {allowed}"
+                  + (f" ({spec.note})" if spec.note else ""), fix, subject=field, field=field,
+                  source=spec.source)]
 
 
 def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
-                  profile: Profile, gpu: HostGpu | None, host: Host) -> list[Check]:
+                  profile: Profile) -> list[Check]:
+    """What the pinned engine accepts, decided from the profile alone (no GPU, no host): the part of
+    the engine rules `dsv4ctl validate` reports as well as `plan`."""
     cfg = cat.config_of(model)
     out: list[Check] = []
     out += _accepted(engine, "index_topk", dep.index_topk, "attention.index_topk", "index_topk")
@@ -50,13 +53,24 @@ def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             "engine.context-length", "error", "context longer than the model supports",
             f"attention.context_length = {dep.context_length:,} exceeds the model's "
             f"max_position_embeddings {max_ctx:,}", f"use at most {max_ctx:,}",
-            subject="attention.context_length", source=cfg.max_position_embeddings.source))
+            subject="attention.context_length", field="attention.context_length",
+            source=cfg.max_position_embeddings.source))
     out += _speculative(engine, model, dep)
-    if gpu is not None:
-        out += _moe_path(cat, engine, model, dep, gpu)
-        out += _known_bad(cat, engine, model, dep, gpu, host)
-    out += _flags(dep, profile)
+    # a field the engine rules already reject is not reported again as a flag of each command line
+    reported = {c.field for c in out if c.severity == "error"}
+    out += [c for c in _flags(dep, profile) if c.field not in reported]
     return out
+
+
+def gpu_engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+                      gpu: HostGpu, host: Host, static: list[Check]) -> list[Check]:
+    """The engine rules that depend on the host's GPU architecture (MoE kernel path, known-bad
+    combinations). ``static``: the profile-only checks, so a runner the engine rejects outright is
+    reported once (as that flag error), not again as an unknown kernel path."""
+    rejected = any(c.id == "engine.flag-invalid-choice" and c.field == "moe.runner_backend"
+                   for c in static)
+    out = [] if rejected else _moe_path(cat, engine, model, dep, gpu)
+    return out + _known_bad(cat, engine, model, dep, gpu, host)
 
 
 def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> list[Check]:
@@ -66,15 +80,16 @@ def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> l
     rule = next((r for r in engine.speculative if r.algorithm == _SPEC[algo]), None)
     if rule is None:
         return [check("engine.speculative", "error", "speculative algorithm not supported",
-                      f"speculative.algorithm = {algo!r} is not allowed for DeepSeek-V4 by "
+                      f"speculative.algorithm = {algo} is not allowed for DeepSeek-V4 by "
                       f"{engine.engine} {engine.version}", "use eagle or dspark, or none",
-                      subject="speculative.algorithm")]
+                      subject="speculative.algorithm", field="speculative.algorithm")]
     if rule.requires_module and rule.requires_module not in model.modules:
         return [check("engine.speculative", "error", "the checkpoint lacks the draft module",
-                      f"speculative.algorithm = {algo!r} needs the {rule.requires_module} module, which "
+                      f"speculative.algorithm = {algo} needs the {rule.requires_module} module, which "
                       f"{model.id} does not ship (modules: {', '.join(model.modules)})",
                       "use eagle (MTP) with this checkpoint, or a checkpoint that ships DSpark "
-                      "(dsv4-flash-0731-mxfp4)", subject="speculative.algorithm", source=rule.source)]
+                      "(dsv4-flash-0731-mxfp4)", subject="speculative.algorithm",
+                      field="speculative.algorithm", source=rule.source)]
     return []
 
 
@@ -101,11 +116,12 @@ def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deplo
         what = "auto" if requested == "auto" else requested
         return [check(
             "engine.moe-runner-unknown", "warning", "MoE kernel path not in the catalog",
-            f"moe.runner_backend = {what!r} with {label} and expert_storage {dep.expert_storage}: the "
+            f"moe.runner_backend = {what} with {label} and expert_storage {dep.expert_storage}: the "
             f"catalog does not know which kernel {engine.engine} {engine.version} runs, so its speed "
             "and correctness are unverified",
             "pick a runner the catalog lists for this format and GPU (see the plan's other "
-            "checks), or verify on the host and add it to the catalog", subject="moe.runner_backend")]
+            "checks), or verify on the host and add it to the catalog", subject="moe.runner_backend",
+            field="moe.runner_backend")]
     resolved = f"auto resolves to {rule.runner}" if requested == "auto" else f"runner {rule.runner}"
     cost = engine.moe_path_cost.get(rule.path_kind)
     cost_text = ""
@@ -121,7 +137,7 @@ def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deplo
             "engine.moe-runner-unavailable", "error", "MoE runner cannot run on this GPU",
             f"{label}: {resolved} ({rule.method}), which does not run on {gpu.arch}{note}{conf}",
             f"set moe.runner_backend: {alt[0]}" if alt else "choose a checkpoint format this GPU runs",
-            subject="moe.runner_backend", source=rule.source)]
+            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source)]
     if rule.path_kind == "dequant_fallback":
         alt = [r.runner for r in rules if r.path_kind == "tensor_core" and r.requires_expert_storage is None]
         return [check(
@@ -129,11 +145,11 @@ def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deplo
             f"{label}: {resolved} ({rule.method}), a CUDA-core dequant path{cost_text}{note}{conf}",
             f"set moe.runner_backend: {alt[0]} (tensor cores)" if alt else
             "use a checkpoint format with a tensor-core path on this GPU",
-            subject="moe.runner_backend", source=rule.source)]
+            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source)]
     return [check(
         "engine.moe-runner", "info", "MoE kernel path",
         f"{label}: {resolved} ({rule.method}), tensor cores{cost_text}{conf}", None,
-        subject="moe.runner_backend", source=rule.source)]
+        subject="moe.runner_backend", field="moe.runner_backend", source=rule.source)]
 
 
 def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment, gpu: HostGpu,
@@ -150,6 +166,10 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
             "moe_runner": dep.moe_runner_backend,
             "expert_storage": dep.expert_storage,
             "heads_per_attn_rank": heads // attn_tp,
+            # what the role's engine really gets: render sets triton when the bundled kernels are on
+            # (render.KERNEL_ENV); otherwise the role's env, else SGLang's default
+            "sm120_flashmla_backend": "triton" if dep.kernels_enabled else
+            dict(role.env).get("SGLANG_SM120_FLASHMLA_BACKEND", "auto"),
             "dsv4_attn_backend": "auto",
             "index_topk": dep.index_topk,
             "long_context": dep.context_length > LONG_CONTEXT_TOKENS,
@@ -166,7 +186,7 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
             out.append(check(
                 f"known-bad.{kb.id}", kb.severity, kb.title,
                 f"{kb.title}{conf}; applies to role {role.name}{note}", kb.fix,
-                subject=role.name, source=" ".join(kb.upstream)))
+                subject=role.name, field=f"topology.{role.name}", source=" ".join(kb.upstream)))
     return out
 
 
@@ -196,13 +216,33 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     for r in dep.roles:
         for i, word, instead in reserved_in_extra_args(table, r):
             out.append(check("engine.flag-reserved", "error", "extra_args overrides a rendered flag",
-                             f"role {r.name}: extra_args[{i}] = {word!r} would override what "
+                             f"role {r.name}: extra_args[{i}] = '{word}' would override what "
                              f"dsv4ctl renders (argparse keeps the last value)", instead,
-                             subject=f"topology.{r.name}.extra_args"))
+                             subject=f"topology.{r.name}.extra_args",
+                             field=f"topology.{r.name}.extra_args.{i}"))
+    # one problem of a profile-wide field shows in every role's command line: report it once
+    grouped: dict[tuple[str, str, str, str, str], list[str]] = {}
     for role, argv, tbl in lines:
         for p in tbl.check(argv):
             sev = "error" if p.severity == "error" else "warning"
-            out.append(check(f"engine.flag-{p.kind.replace('_', '-')}", sev,
-                             "command line flag problem", f"role {role}: {p.message}", p.fix,
-                             subject=role))
+            grouped.setdefault((p.kind, sev, p.message, p.fix, p.option or ""), []).append(role)
+    for (kind, sev, message, fix, option), roles in grouped.items():
+        field = FLAG_FIELDS.get(option) or f"topology.{roles[0]}"
+        who = "role" if len(roles) == 1 else "roles"
+        out.append(check(f"engine.flag-{kind.replace('_', '-')}", sev, "command line flag problem",
+                         f"{who} {', '.join(roles)}: {message}", fix, subject=roles[0],
+                         field=field))
     return out
+
+
+# The profile field behind an engine flag, so a flag problem points at what the operator wrote.
+FLAG_FIELDS = {
+    "--moe-runner-backend": "moe.runner_backend", "--kv-cache-dtype": "attention.kv_cache_dtype",
+    "--context-length": "attention.context_length", "--model-path": "model.path",
+    "--served-model-name": "model.served_name", "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-num-steps": "speculative.num_steps",
+    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+    "--speculative-dspark-block-size": "speculative.dspark_block_size",
+    "--disaggregation-transfer-backend": "topology.transfer_backend",
+    "--policy": "topology.router.policy", "--watchdog-timeout": "serving.watchdog_timeout_s",
+}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.errors import InputError, Problem
+from orchestrator.errors import InputError, Problem, did_you_mean
 from orchestrator.profile.inventory import Inventory
 from orchestrator.profile.schema import Profile
 
@@ -56,7 +58,9 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A value as YAML would write it (no Python reprs such as None or {'a': 1})."""
+    text = (f"'{value}'" if isinstance(value, str)
+            else json.dumps(value, default=str, ensure_ascii=False))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -244,9 +248,15 @@ def _hint(model: type[BaseModel], err: dict[str, Any], yaml_path: list) -> tuple
             f"add '{name}:'" + (f" ({desc})" if desc else "")
         )
     if kind in ("literal_error", "enum"):
-        return msg, f"use one of: {ctx.get('expected', '')}"
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        value = err.get("input")
+        return (f"{_short(value)} is not one of the {len(choices)} allowed values",
+                did_you_mean(value, choices, what="allowed values"))
     if kind == "union_tag_invalid":
-        return msg, f"set 'mode' to one of: {ctx.get('expected_tags', '')}"
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        key = str(ctx.get("discriminator", "mode")).strip("'")
+        return (f"'{ctx.get('tag')}' is not one of the {len(choices)} allowed values of '{key}'",
+                did_you_mean(ctx.get("tag"), choices, what="allowed values"))
     if kind == "union_tag_not_found":
         return msg, "add 'mode: colocated' or 'mode: pd'"
     if kind == "string_pattern_mismatch":
@@ -290,6 +300,10 @@ def validate(model: type[M], data: Any, node: yaml.Node | None, filename: str) -
             if err["type"] == "missing":
                 target, walked = _node_at(node, loc[:-1])
                 walked = [*walked, loc[-1]]
+            if err["type"] == "union_tag_invalid":  # point at the tag itself (mode: pdd)
+                tag_key = str((err.get("ctx") or {}).get("discriminator", "mode")).strip("'")
+                target, walked = _node_at(node, [*loc, tag_key])
+                err = {**err, "input": (err.get("ctx") or {}).get("tag")}
             reason, fix = _hint(model, err, walked if err["type"] != "missing" else walked[:-1])
             line = col = None
             if target is not None:
@@ -338,3 +352,25 @@ def load_profile(path: Path) -> Profile:
 
 def load_inventory(path: Path) -> Inventory:
     return load_text(Inventory, read_file(path), str(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _tree(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+
+
+def locate(text: str, dotted: str) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the value at ``dotted`` (``topology.decode.gpus``) in the YAML
+    ``text``, or of the deepest parent written there; None when the document has none of it."""
+    node = _tree(text)
+    if node is None:
+        return None
+    keys: list[int | str] = [int(k) if k.isdigit() else k for k in dotted.split(".")]
+    target, walked = _node_at(node, keys)
+    if target is None or not walked:
+        return None
+    return target.start_mark.line + 1, target.start_mark.column + 1
+

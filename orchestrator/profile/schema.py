@@ -21,6 +21,7 @@ from orchestrator.profile.types import (
     ServedName,
     Slug,
     Text,
+    Tokens,
 )
 
 API_VERSION = "dsv4ctl/v1"
@@ -87,11 +88,11 @@ class Attention(_Strict):
     kv_cache_dtype: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] = Field(
         default="fp8_e4m3", description="KV cache dtype: fp8_e4m3 or bfloat16 for DeepSeek-V4."
     )
-    context_length: int | None = Field(
+    context_length: Tokens | None = Field(
         default=None,
         ge=1,
         le=1 << 24,
-        description="Maximum tokens per request; default: the model's maximum.",
+        description="Maximum tokens per request (65536, 64K, 1M); default: the model's maximum.",
     )
     fp4_indexer: bool = Field(
         default=False, description="--enable-deepseek-v4-fp4-indexer (experimental)."
@@ -103,7 +104,7 @@ class ServingKnobs(_Strict):
 
     mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
     max_running_requests: int | None = Field(default=None, ge=1, le=65536)
-    chunked_prefill_size: int | None = Field(default=None, ge=-1, le=1 << 20)
+    chunked_prefill_size: Tokens | None = Field(default=None, ge=-1, le=1 << 20)
     cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
 
     @model_validator(mode="after")
@@ -203,8 +204,9 @@ class Workload(_Strict):
     concurrent_requests: int = Field(
         default=64, ge=1, le=65536, description="Requests in flight at the same time."
     )
-    context_tokens: int = Field(
-        default=32768, ge=1, le=1 << 24, description="Tokens per request (prompt + output)."
+    context_tokens: Tokens = Field(
+        default=32768, ge=1, le=1 << 24,
+        description="Tokens per request (prompt + output); 32768, 32K, 1M."
     )
     longest_request_tokens: int | None = Field(
         default=None, ge=1, le=1 << 24,
@@ -242,7 +244,7 @@ class Monitoring(_Strict):
 
 
 class Qualify(_Strict):
-    min_recall_tokens: int | None = Field(default=None, ge=1)
+    min_recall_tokens: Tokens | None = Field(default=None, ge=1)
     min_output_tok_s: float | None = Field(default=None, gt=0)
     load_concurrency: int = Field(default=16, ge=1, le=4096)
     load_duration_s: float = Field(default=30.0, gt=0, le=3600)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UNITS = {
@@ -81,8 +81,35 @@ def _safe_path(value: str) -> str:
     return value
 
 
-Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
-"""Bytes; YAML may say ``78GiB`` or ``160GB``."""
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]i?[bB]|[bB])?\s*$"
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0), WithJsonSchema({
+    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": SIZE_PATTERN}]})]
+"""Bytes; YAML may say ``78GiB`` or ``160GB``. (The JSON Schema says both forms in standard
+keywords; pydantic would otherwise emit its own ``ge`` next to the validator.)"""
+
+_TOKEN_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20}
+_TOKENS = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*$")
+TOKENS_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[kKmM]?\s*$"
+
+
+def parse_tokens(value: object) -> object:
+    """A token count: an integer, or a number with K (1024) or M (1024 * 1024): ``64K`` = 65,536,
+    ``1M`` = 1,048,576 (a "1M context" is 2**20 tokens). Other values pass on to the type check."""
+    if isinstance(value, str):
+        m = _TOKENS.match(value)
+        if not m:
+            raise ValueError(f"cannot read '{value}' as a token count; write a whole number or one "
+                             "with K (x1024) or M (x1048576), e.g. 64K or 1M")
+        n = float(m.group(1)) * _TOKEN_UNITS[m.group(2).lower()]
+        if n != int(n):
+            raise ValueError(f"'{value}' is not a whole number of tokens")
+        return int(n)
+    return value
+
+
+Tokens = Annotated[int, BeforeValidator(parse_tokens), WithJsonSchema({
+    "anyOf": [{"type": "integer"}, {"type": "string", "pattern": TOKENS_PATTERN}]})]
+"""A token count; YAML may say ``65536``, ``64K`` or ``1M``."""
 
 Text = Annotated[str, AfterValidator(_no_control), Field(max_length=4096)]
 """Free text on one line."""

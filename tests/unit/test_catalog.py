@@ -531,7 +531,8 @@ def test_known_bad_matching(cat):
         for kb in e.known_bad_matching({"arch": "sm_120", "expert_format": "nvfp4", "moe_runner": "auto"})
     }
     assert "nvfp4-auto-picks-trtllm-routed" in ids
-    ids = {kb.id for kb in e.known_bad_matching({"arch": "sm_120", "heads_per_attn_rank": 8})}
+    ids = {kb.id for kb in e.known_bad_matching({"arch": "sm_120", "heads_per_attn_rank": 8,
+                                                "sm120_flashmla_backend": "auto"})}
     assert ids == {"tp8-sparse-mla-prefill-crash-sm120"}
     assert {kb.id for kb in e.known_bad_matching({"expert_storage": "fp8", "moe_runner": "auto"})} == set()
     assert {kb.id for kb in e.known_bad_matching({"expert_storage": "fp8", "moe_runner": "triton"})} == {

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from orchestrator.errors import did_you_mean
+
 ProblemKind = Literal[
     "unknown_option",
     "abbreviation",
@@ -523,12 +525,12 @@ class FlagTable:
                     )
                     continue
             if spec.choices is not None and value not in spec.choices:
-                shown = ", ".join(str(c) for c in spec.choices)
                 problems.append(
                     FlagProblem(
                         "invalid_choice", "error",
-                        f"{name} {raw!r} is not one of the choices of {self.tool}: {shown}.",
-                        f"pick one of: {shown}.", name, raw, where,
+                        f"{name} '{raw}' is not one of the {len(spec.choices)} choices of "
+                        f"{self.tool}.",
+                        did_you_mean(raw, spec.choices), name, raw, where,
                     )
                 )
         if not problems:

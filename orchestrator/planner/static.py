@@ -1,0 +1,71 @@
+"""The plan's static half: every check that needs no host facts, shared by `validate` and `plan`.
+
+Owns which checks are static (topology and ports as written, the pinned engine's accepted values,
+its rules and its command-line flags, the catalog's model and engine ids) and where in the YAML each
+one points. `dsv4ctl validate` runs exactly :func:`static_checks`; `dsv4ctl plan` runs the same
+function and adds what needs the host (GPU model and count, disks, ports in use, the MoE kernel path
+and known-bad combinations of the host's GPU architecture), so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.catalog import Catalog, EngineRules, ModelVariant
+from orchestrator.deployment import Deployment
+from orchestrator.planner import rules
+from orchestrator.planner.checks import topology_checks
+from orchestrator.planner_model import Check
+from orchestrator.profile.loader import locate
+from orchestrator.profile.schema import Profile
+
+
+def static_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
+                  profile: Profile) -> list[Check]:
+    """Topology, ports and engine rules, from the profile and the catalog alone."""
+    heads = cat.config_of(model).num_attention_heads.value
+    return topology_checks(dep, heads) + rules.engine_checks(cat, engine, model, dep, profile)
+
+
+def locate_checks(checks: list[Check], text: str, filename: str) -> list[Check]:
+    """Each check with a ``field`` gets the file:line:col of that field in the profile (or of the
+    nearest parent the profile writes, when the value is a default)."""
+    out = []
+    for c in checks:
+        if c.field and c.location is None:
+            pos = locate(text, c.field)
+            where = f"{filename}:{pos[0]}:{pos[1]}" if pos else filename
+            c = c.model_copy(update={"location": where})
+        out.append(c)
+    return out
+
+
+def sort_checks(checks: list[Check]) -> list[Check]:
+    return sorted(checks, key=lambda c: ({"error": 0, "warning": 1, "info": 2}[c.severity],
+                                         c.id, c.subject or ""))
+
+
+def check_profile(path: Path, inventory_path: Path | None = None) -> tuple[Profile, list[Check]]:
+    """`dsv4ctl validate`: load the profile (schema errors raise, located) and run the static
+    checks. The host is only named here, never contacted or needed: static checks read no host
+    field, so a profile whose inventory is elsewhere validates all the same."""
+    from orchestrator.catalog import load_catalog
+    from orchestrator.planner.build import PlanContext, catalog_entries, resolve_deployment
+    from orchestrator.planner.checks import apply_acknowledgements
+    from orchestrator.profile.inventory import Host
+    from orchestrator.profile.loader import load_text, read_file
+
+    text = read_file(path)
+    profile = load_text(Profile, text, str(path))
+    cat = load_catalog()
+    engine, model = catalog_entries(cat, profile, str(path), text)
+    if isinstance(profile.host, Host):
+        name, host = profile.name, profile.host
+    else:  # deployment fields that come from the host (scope, install_root) are not checked here
+        name, host = str(profile.host), Host.model_construct(scope="system",
+                                                             install_root="/srv/dsv4")
+    ctx = PlanContext(profile, path, text, name, host, inventory_path)
+    dep = resolve_deployment(ctx, cat)
+    checks = static_checks(cat, engine, model, dep, profile)
+    checks = apply_acknowledgements(checks, [(a.id, a.reason) for a in profile.acknowledge])
+    return profile, sort_checks(locate_checks(checks, text, str(path)))
