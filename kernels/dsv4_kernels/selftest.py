@@ -1,8 +1,9 @@
 """On-host self-test run by ``dsv4ctl apply`` before switching the engine to these kernels.
 
 ``python -m dsv4_kernels.selftest`` checks, on every visible GPU, the sparse decode (every
-variant the dispatcher can pick on that device: ``dispatch_variants``) and the indexer against
-the float32 references (fresh random inputs, the issue's edge cases), that a
+variant the dispatcher can pick on that device: ``dispatch_variants``), the indexer and the bf16
+mHC pre GEMM (``mhc_pre_gemm``, batch invariance included) against the float32 references
+(fresh random inputs, the issue's edge cases), that a
 CUDA-graph replay reproduces the eager result bit for bit, and times one decode shape. It
 prints one JSON document and exits 0 only if every check passed (1 on a mismatch, 2 when no
 GPU is visible).
@@ -21,6 +22,7 @@ import torch
 from ._runtime import device_arch, device_max_shared
 from .cases import check_topk, compare_decode, make_decode_case, make_indexer_case
 from .indexer import indexer_logits, indexer_topk
+from .mhc_pre_gemm import mhc_post_pre_partials, post_pre_reference
 from .reference import ref_indexer_logits, ref_sparse_decode
 from .sparse_decode import DecodeConfig, dispatch_variants, sparse_mla_decode
 
@@ -107,6 +109,59 @@ def _indexer_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     return out
 
 
+def _mhc_case(g: torch.Generator, t: int, device: str) -> tuple[torch.Tensor, ...]:
+    res = torch.randn(t, 4, 4096, generator=g).to(device, torch.bfloat16)
+    y = torch.randn(t, 4096, generator=g).to(device, torch.bfloat16)
+    post = (2 * torch.rand(t, 4, generator=g)).to(device)
+    comb = torch.softmax(torch.randn(t, 4, 4, generator=g), -1).to(device)
+    return res, y, post, comb
+
+
+def _mhc_checks(device: str, g: torch.Generator) -> dict[str, Any]:
+    """The mHC pre GEMM at DeepSeek-V4-Flash's shape: error against float64, a token's result
+    bit for bit whatever its batch and row, and a graph replay."""
+    fn = (torch.randn(24, 16384, generator=g) * 0.02).to(device)
+    out: dict[str, Any] = {"rows": []}
+    for t in (1, 8, 64):
+        res, y, post, comb = _mhc_case(g, t, device)
+        r_out, mix, sq = mhc_post_pre_partials(res, fn, y, post, comb)
+        _, ref_mix, ref_sq = post_pre_reference(r_out, fn)
+        w_out = post_pre_reference(res, fn, y, post, comb)[0]
+        ulps = int((r_out.view(torch.int16).int() - w_out.view(torch.int16).int()).abs().max())
+        err = float((mix.sum(0) - ref_mix).norm() / ref_mix.norm())
+        err_sq = float((sq.sum(0) - ref_sq).norm() / ref_sq.norm())
+        out["rows"].append({"T": t, "rel_err": err, "rel_err_sqrsum": err_sq,
+                            "residual_ulps": ulps,
+                            "ok": err < 1e-4 and err_sq < 1e-5 and ulps <= 1})
+    res, y, post, comb = _mhc_case(g, 64, device)
+    full = mhc_post_pre_partials(res, fn, y, post, comb)
+    idx = torch.tensor([63, 0, 17, 40, 5], device=device)  # other batch sizes, other rows
+    same = True
+    for sel in (idx[:1], idx[:3], idx, torch.arange(8, device=device)):
+        part = mhc_post_pre_partials(res[sel], fn, y[sel], post[sel], comb[sel])
+        same = same and torch.equal(part[0], full[0][sel]) and \
+            torch.equal(part[1], full[1][:, sel]) and torch.equal(part[2], full[2][:, sel])
+    out["batch_invariant"] = bool(same)
+    res, y, post, comb = _mhc_case(g, 8, device)
+    eager = mhc_post_pre_partials(res, fn, y, post, comb)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mhc_post_pre_partials(res, fn, y, post, comb)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = mhc_post_pre_partials(res, fn, y, post, comb)
+    for c in captured:
+        c.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    out["graph_replay_equal"] = all(torch.equal(a, b) for a, b in zip(eager, captured,
+                                                                      strict=True))
+    out["ok"] = all(r["ok"] for r in out["rows"]) and same and out["graph_replay_equal"]
+    return out
+
+
 def _timing(device: str, g: torch.Generator) -> dict[str, Any]:
     c = make_decode_case(g, batch=64, heads=64, topk=128, extra_topk=512, page_size=256,
                          device=device)
@@ -134,9 +189,10 @@ def run_device(index: int) -> dict[str, Any]:
             res["decode"] = _decode_checks(device, g)
             res["graph"] = _graph_checks(device, g)
             res["indexer"] = _indexer_checks(device, g)
+            res["mhc_pre"] = _mhc_checks(device, g)
             res["timing"] = _timing(device, g)
             res["ok"] = (all(r["ok"] for r in res["decode"]) and res["graph"]["ok"]
-                         and all(r["ok"] for r in res["indexer"]))
+                         and all(r["ok"] for r in res["indexer"]) and res["mhc_pre"]["ok"])
         except Exception as exc:
             res["ok"] = False
             res["error"] = f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,10 @@ executes, checks the original function's parameter list and replaces it:
   (reached when ``SGLANG_SM120_FLASHMLA_BACKEND=triton``; ``flash_mla_sm120`` imports it
   lazily at call time, so replacing the module attribute is enough);
 * ``sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120`` (reached when
-  ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` on sm_120; looked up as a module global per call).
+  ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` on sm_120; looked up as a module global per call);
+* ``sglang.kernels.ops.layernorm.mhc.mhc_fused_post_pre`` (every mHC sublayer boundary on
+  sm_120; ``deepseek_v4.get_mhc_ops`` imports it on first use) by ``sglang_mhc``, the bf16
+  tensor-core mHC pre GEMM of issue 25, only when ``DSV4_KERNELS_BF16_GEMMS=1`` as well.
 
 This module imports neither torch nor triton until a target module is actually loaded, so the
 ``.pth`` line costs microseconds in every other Python process of that environment.
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 ENV_VAR = "DSV4_KERNELS_SGLANG"
+BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"
 SUPPORTED_VERSION = "0.5.23"
 PTH_NAME = "dsv4_kernels_sglang.pth"
 PTH_LINE = (
@@ -50,7 +54,12 @@ TARGETS: dict[str, dict[str, str]] = {
     "sglang.srt.layers.attention.dsv4.indexer": {
         "fp8_paged_mqa_logits_torch_sm120": "fp8_paged_mqa_logits_sm120",
     },
+    "sglang.kernels.ops.layernorm.mhc": {
+        "mhc_fused_post_pre": "sglang_mhc.mhc_fused_post_pre",
+    },
 }
+# modules patched only when a second switch is on as well (the profile's kernels.bf16_gemms)
+GATES: dict[str, str] = {"sglang.kernels.ops.layernorm.mhc": BF16_GEMMS_ENV}
 
 _state: dict[str, Any] = {"active": False, "patched": [], "refused": []}
 
@@ -68,12 +77,26 @@ def sglang_version() -> str | None:
 
 
 def _pinned_params(replacement: str) -> tuple[str, ...]:
-    from . import sglang_compat
+    from . import sglang_compat, sglang_mhc
 
     return {
         "flash_mla_sparse_decode_triton": sglang_compat.DECODE_PARAMS,
         "fp8_paged_mqa_logits_sm120": sglang_compat.LOGITS_PARAMS,
+        "sglang_mhc.mhc_fused_post_pre": sglang_mhc.MHC_PARAMS,
     }[replacement]
+
+
+def _replacement(name: str) -> Any:
+    """``name`` in ``sglang_compat``, or ``module.attr`` in another module of this package."""
+    import importlib
+
+    mod, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(f"{__package__}.{mod or 'sglang_compat'}"), attr)
+
+
+def _gated_off(module_name: str) -> bool:
+    gate = GATES.get(module_name)
+    return gate is not None and os.environ.get(gate, "0") in ("", "0")
 
 
 def patch_module(module: types.ModuleType) -> list[str]:
@@ -81,9 +104,9 @@ def patch_module(module: types.ModuleType) -> list[str]:
 
     A function whose parameters differ from the pinned 0.5.23 list is left alone and reported.
     """
-    from . import sglang_compat
-
-    done = []
+    done: list[str] = []
+    if _gated_off(module.__name__):
+        return done
     for fname, repl in TARGETS.get(module.__name__, {}).items():
         orig = getattr(module, fname, None)
         if orig is None:
@@ -99,7 +122,7 @@ def patch_module(module: types.ModuleType) -> list[str]:
             _log(f"not patching {module.__name__}.{fname}: parameters {params} differ from the "
                  f"pinned SGLang {SUPPORTED_VERSION} list {want}")
             continue
-        new = getattr(sglang_compat, repl)
+        new = _replacement(repl)
         new.__dsv4_kernels__ = True
         new.__dsv4_original__ = orig
         setattr(module, fname, new)
