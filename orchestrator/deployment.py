@@ -105,6 +105,7 @@ class Deployment(_Frozen):
     router: RouterDeployment | None
     kernels_enabled: bool
     kernels_selftest: bool
+    kernels_bf16_gemms: bool  # kernels.bf16_gemms, and only when kernels.enabled
     secret_names: tuple[str, ...]  # names only; values never enter a plan
 
     def role(self, name: str) -> RoleDeployment:
@@ -211,5 +212,6 @@ def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk:
         router=router,
         kernels_enabled=profile.kernels.enabled,
         kernels_selftest=profile.kernels.selftest,
+        kernels_bf16_gemms=profile.kernels.enabled and profile.kernels.bf16_gemms,
         secret_names=tuple(sorted(profile.secrets)),
     )

@@ -70,7 +70,38 @@ def gpu_engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, de
     rejected = any(c.id == "engine.flag-invalid-choice" and c.field == "moe.runner_backend"
                    for c in static)
     out = [] if rejected else _moe_path(cat, engine, model, dep, gpu)
-    return out + _known_bad(cat, engine, model, dep, gpu, host)
+    return out + _bf16_gemms(cat, model, dep, gpu) + _known_bad(cat, engine, model, dep, gpu, host)
+
+
+# the measurements (device run 3 of issue 25: H200, sm_89 build standing in for sm_120)
+_MHC_DOC = "docs/fp32-gemms-sglang-0.5.23.md"
+
+
+def _bf16_gemms(cat: Catalog, model: ModelVariant, dep: Deployment, gpu: HostGpu) -> list[Check]:
+    """What kernels.bf16_gemms changes in the engine (only where the bundled kernels are on)."""
+    if not dep.kernels_enabled or gpu.arch != "sm_120":
+        return []
+    cfg = cat.config_of(model)
+    hidden, mult = cfg.hidden_size.value, cfg.hc_mult.value
+    # two hyper-connections a layer; the first of a step has no post to fuse (hc_pre)
+    calls = 2 * cfg.num_hidden_layers.value - 1
+    shape = f"[rows, {mult * hidden}] x [{mult * (2 + mult)}, {mult * hidden}]"
+    if dep.kernels_bf16_gemms:
+        return [check(
+            "kernels.bf16-gemms", "info", "mHC pre GEMMs on bf16 tensor cores",
+            f"kernels.bf16_gemms: the mHC pre mix GEMM at each of the {calls} sublayer boundaries "
+            f"of a decode step ({shape}; SGLang 0.5.23 runs it in FP32 on sm_120, per-token FMA "
+            "up to 32 rows, one 32-row CTA a block beyond) runs as dsv4_kernels' "
+            "bf16 hi+lo split-K kernel (DSV4_KERNELS_BF16_GEMMS=1): H200 proxy 16.1 -> 5.1 us a "
+            "call at 8 rows, 145 -> 6.4 us at 64, 4.1 -> 5.0 us at 1; error ~1e-5 of FP32",
+            None, subject="kernels.bf16_gemms", field="kernels.bf16_gemms", source=_MHC_DOC)]
+    return [check(
+        "kernels.fp32-gemms", "info", "mHC pre GEMMs stay FP32",
+        f"kernels.bf16_gemms is false: SGLang 0.5.23's FP32 mHC boundary ({shape}) runs at each "
+        f"of the {calls} sublayer boundaries of a decode step (H200 proxy 16.1 us a call at 8 "
+        "rows, 145 us at 64)",
+        "set kernels.bf16_gemms: true", subject="kernels.bf16_gemms", field="kernels.bf16_gemms",
+        source=_MHC_DOC)]
 
 
 def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> list[Check]:

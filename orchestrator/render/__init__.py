@@ -63,7 +63,15 @@ KERNEL_ENV = (
     ("SGLANG_SM120_FLASHMLA_BACKEND", "triton"),
     ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1"),
 )
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV))
+# kernels.bf16_gemms: the hook also swaps SGLang's FP32 mHC boundary for the bf16 tensor-core
+# one (kernels/dsv4_kernels/sglang_mhc.py; docs/fp32-gemms-sglang-0.5.23.md)
+BF16_GEMMS_ENV = ("DSV4_KERNELS_BF16_GEMMS", "1")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV), BF16_GEMMS_ENV[0])
+
+
+def _reserved_source(name: str) -> str:
+    return {"CUDA_VISIBLE_DEVICES": "gpus", BF16_GEMMS_ENV[0]: "kernels.bf16_gemms"}.get(
+        name, "kernels.enabled")
 
 
 @dataclass(frozen=True)
@@ -229,11 +237,13 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or dep.kernels_enabled):
             raise RenderError(
                 f"{field}.env.{reserved}: dsv4ctl sets {reserved} itself "
-                f"(from {'gpus' if reserved == 'CUDA_VISIBLE_DEVICES' else 'kernels.enabled'})",
+                f"(from {_reserved_source(reserved)})",
                 fix=f"remove {reserved} from {field}.env")
     env_lines = [env_file_line("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
     if dep.kernels_enabled:
         env_lines += [env_file_line(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
+    if dep.kernels_bf16_gemms:
+        env_lines.append(env_file_line(*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
     env_lines += [env_file_line(k, v, f"{field}.env.{k}") for k, v in role.env]
 
     root = dep.install_root

@@ -283,3 +283,20 @@ def test_topology_switch_stops_dropped_roles_and_starts_new_ones(tmp_path: Path)
                          ("start", "dsv4-default-engine.service")]
     assert plan.restarts == []
     assert ("remove", "units/dsv4-default-router.service") in [(a.kind, a.target) for a in plan.actions]
+
+
+def test_planner_says_what_bf16_gemms_changes(tmp_path: Path) -> None:
+    # issue 25: the check names the GEMM, its call count (2 x 43 layers - 1) and the switch
+    p = _default()
+    on = build_plan(load_context(_write(tmp_path, p), None))
+    msg = next(c for c in on.checks if c.id == "kernels.bf16-gemms")
+    assert msg.severity == "info" and msg.field == "kernels.bf16_gemms"
+    assert "85 sublayer boundaries" in msg.message and "[rows, 16384] x [24, 16384]" in msg.message
+    assert "DSV4_KERNELS_BF16_GEMMS=1" in msg.message and "fp32-gemms" in (msg.source or "")
+    p["kernels"] = {"enabled": True, "bf16_gemms": False}
+    off = build_plan(load_context(_write(tmp_path, p), None))
+    ids = _ids(off)
+    assert "kernels.bf16-gemms" not in ids and ids["kernels.fp32-gemms"] == "info"
+    p["kernels"] = {"enabled": False}
+    none = _ids(build_plan(load_context(_write(tmp_path, p), None)))
+    assert not {"kernels.bf16-gemms", "kernels.fp32-gemms"} & set(none)

@@ -144,3 +144,26 @@ def test_extra_files_cannot_overwrite_or_escape() -> None:
     for bad in ("profile.yaml", "manifest.json", "../x", "/etc/x"):
         with pytest.raises(RenderError):
             render_release(profile, dep, extra_files={bad: "x"})
+
+
+def _env_with_kernels(kernels: dict[str, bool]) -> str:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["kernels"] = kernels
+    _, _, tree = render_text(yaml.safe_dump(data))
+    return tree.files["env/decode.env"].content
+
+
+def test_bf16_gemms_switch_reaches_the_engine_env() -> None:
+    # issue 25: kernels.bf16_gemms (default on) adds the hook's second switch, never without the
+    # hook itself
+    assert 'DSV4_KERNELS_BF16_GEMMS="1"' in _env_with_kernels({"enabled": True})
+    off = _env_with_kernels({"enabled": True, "bf16_gemms": False})
+    assert "DSV4_KERNELS_BF16_GEMMS" not in off and 'DSV4_KERNELS_SGLANG="1"' in off
+    assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": False, "bf16_gemms": True})
+
+
+def test_role_env_cannot_set_the_bf16_switch() -> None:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["topology"]["decode"]["env"] = {"DSV4_KERNELS_BF16_GEMMS": "0"}
+    with pytest.raises(RenderError, match=r"DSV4_KERNELS_BF16_GEMMS.*kernels\.bf16_gemms"):
+        render_text(yaml.safe_dump(data))
