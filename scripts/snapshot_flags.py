@@ -57,6 +57,16 @@ def _type_name(func: Any) -> str | None:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+# Options whose value is a credential (issue 19): marked ``"secret": true`` so dsv4ctl refuses them in
+# extra_args (they would land in the launch script, the plan, the release and the process list) and
+# takes them from the profile's ``secrets:`` instead. Upstream has no such marking; this list is ours
+# and is reviewed when a snapshot is regenerated (a new option named like a key or password).
+SECRET_DESTS: dict[str, frozenset[str]] = {
+    "sglang": frozenset({"api_key", "admin_api_key", "ssl_keyfile_password"}),
+    "sglang-router": frozenset({"api_key", "control_plane_api_keys", "oracle_password"}),
+}
+
+
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -118,6 +128,9 @@ def build_snapshots() -> dict[str, dict[str, Any]]:
         ("sglang-router", ROUTER_VERSION, router_parser()),
     ):
         options = [describe(a, is_deprecated(a)) for a in parser._actions if a.option_strings]
+        for o in options:
+            if o["dest"] in SECRET_DESTS[engine]:
+                o["secret"] = True
         options.sort(key=lambda o: o["option_strings"][0])
         out[f"{engine}-{version}.json"] = {
             "format": FORMAT,

@@ -168,6 +168,40 @@ def profile_from_plan(plan: Plan) -> Profile:
                     fix="re-create it with `dsv4ctl plan --host NAME -o plan.json`")
 
 
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def _read_secret_file(name: str, path: str) -> str:
+    """A secret file's text: a regular file whose real path (links resolved) is not under /proc,
+    /dev or /sys, at most MAX_SECRET_BYTES (issue 19: ``/proc/self/environ``, or a link to it,
+    shipped the controller's whole environment to the host)."""
+    import os
+    import stat
+
+    from orchestrator.profile.schema import forbidden_secret_dir
+
+    real = os.path.realpath(path)
+    where = forbidden_secret_dir(real)
+    if where is not None:
+        raise DsvError(f"secrets.{name}.file: {path} resolves to {real}, under {where}, which is "
+                       "not a secret store", fix="put the secret in a regular file, or use env:")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise DsvError(f"secrets.{name}.file: cannot read {path}: {exc.strerror}",
+                       fix="check the path and permissions of the secret file") from exc
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DsvError(f"secrets.{name}.file: {path} is not a regular file",
+                           fix="point it at a regular file holding only the secret")
+        data = fh.read(MAX_SECRET_BYTES + 1)
+    if len(data) > MAX_SECRET_BYTES:
+        raise DsvError(f"secrets.{name}.file: {path} is larger than {MAX_SECRET_BYTES} bytes",
+                       fix="point it at a file holding only the secret")
+    return data.decode("utf-8", "replace").strip()
+
+
 def resolve_secrets(profile: Profile) -> dict[str, str]:
     """Read the profile's secret refs on the controller. Values never enter a plan, a record or
     output; only the names do."""
@@ -182,11 +216,7 @@ def resolve_secrets(profile: Profile) -> dict[str, str]:
                                "controller", fix=f"export {ref.env}=... before `dsv4ctl apply`")
         else:
             assert ref.file is not None
-            try:
-                value = Path(ref.file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise DsvError(f"secret {name}: cannot read {ref.file}: {exc.strerror}",
-                               fix="check the path and permissions of the secret file") from exc
+            value = _read_secret_file(name, ref.file)
         out[name] = value
     return out
 
@@ -339,6 +369,8 @@ def upload_release(ctx: Context, step: Any) -> Outcome:
     ctx.store.mkdirs("logs", what="creating the log dir")
     if ctx.secrets:
         ctx.store.write_secrets(ctx.deployment.name, ctx.secrets)
+    else:  # a secret removed from the profile leaves the host too (issue 19)
+        ctx.store.remove_secrets(ctx.deployment.name)
     return Outcome(detail=f"{len(ctx.tree)} files, {total} bytes"
                    + (f"; secrets file with {len(ctx.secrets)} value(s)" if ctx.secrets else ""))
 
@@ -487,7 +519,7 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
     budget = ("rollout.rollback_timeout_s" if getattr(step, "timeout", None) == "rollback"
               else "health.startup_timeout_s")
     ctx.out(f"  startup phase: up to {timeout:.0f}s ({budget}), polling every {poll:g}s")
-    report = wait(ctx.remote.http, ctx.deployment, lambda: ctx.svc.show(units),
+    report = wait(engine_http(ctx), ctx.deployment, lambda: ctx.svc.show(units),
                   timeout_s=timeout, poll_s=poll, baseline_restarts=baseline,
                   progress=ctx.out, settle_s=max(poll, 2.0))
     ctx.health = report.summary()
@@ -497,11 +529,25 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
     return Outcome(detail=f"healthy after {report.elapsed_s:.0f}s")
 
 
+def engine_http(ctx: Context) -> Callable[..., Any]:
+    """``remote.http``, with ``Authorization: Bearer`` when the profile sets the engine's API key
+    (``secrets: DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models and the generation
+    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py)."""
+    import functools
+
+    from orchestrator.render.secrets import SECRET_PREFIX
+
+    key = ctx.secrets.get(f"{SECRET_PREFIX}API_KEY")
+    if not key:
+        return ctx.remote.http
+    return functools.partial(ctx.remote.http, headers={"Authorization": f"Bearer {key}"})
+
+
 def smoke_generate(ctx: Context, step: Any) -> Outcome:
     from orchestrator.health import smoke_generate as smoke
 
     assert ctx.deployment is not None and ctx.profile is not None
-    res = smoke(ctx.remote.http, ctx.deployment, ctx.profile.health.smoke_prompt,
+    res = smoke(engine_http(ctx), ctx.deployment, ctx.profile.health.smoke_prompt,
                 ctx.profile.health.smoke_max_tokens)
     if not res.ok:
         raise StepFailed(f"smoke generation failed: {res.message}")

@@ -278,13 +278,34 @@ class SecretRef(_Strict):
     """Where the controller reads a secret at apply time. The value is never stored in a profile."""
 
     env: EnvName | None = Field(default=None, description="Read from this controller env var.")
-    file: AbsPath | None = Field(default=None, description="Read from this file on the controller.")
+    file: AbsPath | None = Field(
+        default=None,
+        description="Read from this regular file on the controller; never under /proc, /dev or "
+        "/sys (checked again after resolving symbolic links, at apply time).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretRef:
         if (self.env is None) == (self.file is None):
             raise ValueError("give exactly one of 'env' or 'file'")
+        if self.file is not None and forbidden_secret_dir(self.file):
+            raise ValueError(
+                f"file {self.file!r} is under {forbidden_secret_dir(self.file)}, which is not a "
+                "secret store (/proc/self/environ would ship the controller's whole environment); "
+                "put the secret in a regular file, or use env:")
         return self
+
+
+# Pseudo filesystems: their "files" are the controller's memory, environment and devices.
+FORBIDDEN_SECRET_DIRS = ("/proc", "/dev", "/sys")
+
+
+def forbidden_secret_dir(path: str) -> str | None:
+    """The pseudo filesystem ``path`` lies under, if any (lexically; callers resolve links)."""
+    import posixpath
+
+    norm = "/" + posixpath.normpath(path).lstrip("/")  # "//proc" is /proc too
+    return next((d for d in FORBIDDEN_SECRET_DIRS if norm == d or norm.startswith(d + "/")), None)
 
 
 class Acknowledgement(_Strict):
@@ -313,7 +334,12 @@ class Profile(_Strict):
     rollout: Rollout = Field(default_factory=Rollout)
     secrets: dict[EnvName, SecretRef] = Field(
         default_factory=dict,
-        description="Secrets for the engine env (e.g. HF_TOKEN), written to a 0600 env file.",
+        description="Secrets for the engine env (e.g. HF_TOKEN), written to a 0600 env file. "
+        "DSV4_SECRET_<FLAG> names set the engine's secret flags (DSV4_SECRET_API_KEY -> "
+        "--api-key, DSV4_SECRET_ADMIN_API_KEY, DSV4_SECRET_SSL_KEYFILE_PASSWORD; the router's: "
+        "DSV4_SECRET_ROUTER_API_KEY, default the engines' key), which extra_args refuses. Names "
+        "dsv4ctl renders (CUDA_VISIBLE_DEVICES, kernel switches, a role's env) or the loader reads "
+        "(PATH, LD_*, PYTHON*) are refused.",
     )
     acknowledge: list[Acknowledgement] = Field(
         default_factory=list, description="Warnings accepted on purpose, by check id."

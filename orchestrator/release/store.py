@@ -243,15 +243,20 @@ class ReleaseStore:
 
     def write_secrets(self, name: str, values: Mapping[str, str]) -> None:
         """``secrets/<name>.env``, mode 0600, written via SFTP (values never pass through a shell
-        command line, so they do not show up in the host's process list or logs)."""
-        d = f"{self.root}/secrets"
+        command line, so they do not show up in the host's process list or logs). The file is
+        created with its final mode and never through a symbolic link: ``put_bytes`` opens a fresh
+        temp file ``O_CREAT|O_EXCL`` with mode 0600 and renames it over the name (issue 19)."""
         self.mkdirs("secrets", mode="0700", what="creating the secrets dir")
-        self.shell.check(f"chmod 700 {shlex.quote(d)}", timeout=30, what="creating the secrets dir")
+        self.shell.check(f"chmod 700 {shlex.quote(f'{self.root}/secrets')}", timeout=30,
+                         what="creating the secrets dir")
         body = "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items()))
-        tmp = f"{d}/.{name}.env.tmp"
-        self.shell.put_bytes(body.encode(), tmp, mode=0o600)
-        self.shell.check(f"mv -f {shlex.quote(tmp)} {shlex.quote(f'{d}/{name}.env')}", timeout=30,
-                         what="writing the secrets file")
+        self.shell.put_bytes(body.encode(), f"{self.root}/secrets/{name}.env", mode=0o600)
+
+    def remove_secrets(self, name: str) -> None:
+        """Delete ``secrets/<name>.env`` (the profile has no secrets any more). ``rm -f`` on a
+        symbolic link removes the link, never its target."""
+        self.shell.check(f"rm -f -- {shlex.quote(f'{self.root}/secrets/{name}.env')}", timeout=30,
+                         what="removing the secrets file")
 
 
 def _env_quote(value: str) -> str:

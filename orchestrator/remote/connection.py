@@ -422,7 +422,7 @@ class RemoteHost:
 
     # ------------------------------------------------------------------------------- HTTP ---
     def http(self, method: str, port: int, path: str, *, body: Any = None,
-             timeout: float = 10.0) -> HttpResponse:
+             timeout: float = 10.0, headers: dict[str, str] | None = None) -> HttpResponse:
         """One HTTP request to ``127.0.0.1:port`` on the host, through the SSH transport.
 
         Raises :class:`ConnectionRefusedError` when nothing listens there (the caller decides
@@ -442,7 +442,7 @@ class RemoteHost:
         chan.settimeout(timeout)
         conn = _ChannelHTTPConnection(chan, port, timeout)
         try:
-            headers = {"Host": f"127.0.0.1:{port}", "Connection": "close"}
+            headers = {**(headers or {}), "Host": f"127.0.0.1:{port}", "Connection": "close"}
             data = None
             if body is not None:
                 data = json.dumps(body).encode()

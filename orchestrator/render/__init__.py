@@ -38,6 +38,15 @@ from orchestrator.render.quoting import (
     unit_path,
     unit_value,
 )
+from orchestrator.render.secrets import (
+    ENGINE_ENTRY,
+    ROUTER_ENGINE,
+    ROUTER_ENTRY,
+    check_secret_names,
+    refuse_secret_extra_args,
+    secret_args,
+    shim_program,
+)
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -227,6 +236,7 @@ def _description(dep: Deployment, what: str) -> str:
 def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
                   ) -> dict[str, RenderedFile]:
     field = _role_field(profile, role.name)
+    refuse_secret_extra_args(dep, role, field)
     for i, word in enumerate(role.extra_args):  # precise field names for what cannot be quoted
         sh_quote(word, f"{field}.extra_args[{i}]")
     argv = engine_argv(dep, role)
@@ -260,11 +270,15 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         timeout_start_s=profile.health.startup_timeout_s,
         **_common_unit(dep, role.name),
     )
+    pairs = secret_args(dep, dep.engine_name)
+    program = ([*shim_program(f"{dep.engine_env}/bin/python", ENGINE_ENTRY, pairs), "serve"]
+               if pairs else engine_program(dep))
     launch = _render(
         env, "launch.sh.j2",
         header=_header(dep),
-        summary=f"{role.unit}: sglang serve, TP {role.tp}, GPUs {','.join(map(str, role.gpus))}",
-        command=_command(engine_program(dep), argv, field),
+        summary=f"{role.unit}: sglang serve, TP {role.tp}, GPUs {','.join(map(str, role.gpus))}"
+                + (f"; {', '.join(f for f, _ in pairs)} from the secrets file" if pairs else ""),
+        command=_command(program, argv, field),
     )
     envfile = _render(env, "role.env.j2", header=_header(dep), unit=role.unit,
                       secrets_file=secrets, lines=env_lines)
@@ -279,8 +293,13 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
 def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, RenderedFile]:
     assert dep.router is not None
     argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+    pairs = secret_args(dep, ROUTER_ENGINE)
+    program = (shim_program(f"{dep.engine_env}/bin/python", ROUTER_ENTRY, pairs) if pairs
+               else router_program(dep))
     unit = _render(
         env, "router.service.j2",
+        secrets_file=(unit_path(f"{dep.install_root}/secrets/{dep.name}.env", "host.install_root")
+                      if pairs else ""),
         description=_description(dep, f"PD router (sglang-router {dep.router_version})"),
         unit_order=_unit_order(dep, [r.unit for r in dep.roles]),
         start_limit_interval_s=600,
@@ -292,7 +311,7 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
         header=_header(dep),
         summary=f"{dep.router.unit}: sglang-router {dep.router_version}, PD "
                 f"{len(dep.router.prefill)} prefill + {len(dep.router.decode)} decode",
-        command=_command(router_program(dep), argv, "topology.router"),
+        command=_command(program, argv, "topology.router"),
     )
     roles = ("router",)
     return {
@@ -337,6 +356,8 @@ def render_release(profile: Profile, deployment: Deployment, *,
         raise RenderError(f"profile {profile.name!r} and deployment {deployment.name!r} differ",
                           fix="resolve the deployment from this profile")
     env = _env()
+    check_secret_names(deployment, [
+        "CUDA_VISIBLE_DEVICES", *RESERVED_ENV, *(k for r in deployment.roles for k, _ in r.env)])
     files: dict[str, RenderedFile] = {}
     for role in deployment.roles:
         files.update(_engine_files(env, profile, deployment, role))

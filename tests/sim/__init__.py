@@ -74,7 +74,8 @@ def install_engine_env(dest_dir: Path, python: str = sys.executable, *, with_pip
     pkgs = dest_dir / "lib" / "dsv4sim-pkgs"
     sim = pkgs / "dsv4sim"
     router = pkgs / "sglang_router"
-    for d in (sim, router):
+    sglang_cli = pkgs / "sglang"
+    for d in (sim, router, sglang_cli):
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
@@ -82,6 +83,14 @@ def install_engine_env(dest_dir: Path, python: str = sys.executable, *, with_pip
         shutil.copy2(SIM_DIR / name, sim / name)
     (router / "__init__.py").write_text(_ROUTER_PKG_INIT)
     (router / "launch_router.py").write_text(_ROUTER_LAUNCH)
+    # `sglang.cli.main:main`, the entry point behind the real `bin/sglang`: the launch script calls
+    # it directly when secret flags are appended in-process (orchestrator/render/secrets.py).
+    (sglang_cli / "__init__.py").write_text('"""sglang double installed by tests/sim."""\n')
+    (sglang_cli / "cli").mkdir()
+    (sglang_cli / "cli" / "__init__.py").write_text("")
+    (sglang_cli / "cli" / "main.py").write_text(
+        '"""`sglang.cli.main:main` of the simulator: `sglang serve ARGS` from sys.argv."""\n'
+        "from dsv4sim.engine import main\n")
     site = next((dest_dir / "lib").glob("python3*/site-packages"))
     (site / "dsv4sim.pth").write_text(str(prefix / "lib" / "dsv4sim-pkgs") + "\n")
     sglang = dest_dir / "bin" / "sglang"

@@ -169,11 +169,25 @@ class Engine:
 class EngineHandler(Handler):
     engine: Engine
 
+    def _authorized(self, path: str) -> bool:
+        """SGLang 0.5.23 with --api-key (sglang/srt/utils/auth.py): every path but /health*,
+        /ready* and /metrics* needs `Authorization: Bearer KEY`; else 401."""
+        key = self.engine.args.api_key
+        if not key or path.startswith(("/health", "/ready", "/metrics")):
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self.send_json(401, {"error": "Unauthorized"})
+        return False
+
     # -- routing -------------------------------------------------------------------------
     def do_GET(self) -> None:
         self._count()
         e = self.engine
         path = self.path.split("?", 1)[0]
+        if not self._authorized(path):
+            self._done()
+            return
         if path in ("/health", "/health_generate"):
             ok = e.ready() and not e.sw["fail_generate"]
             self.send_bytes(200 if ok else 503, b"", "text/plain")
@@ -201,6 +215,8 @@ class EngineHandler(Handler):
         self._count()
         path = self.path.split("?", 1)[0]
         try:
+            if not self._authorized(path):
+                return
             body = self.read_json()
             if body is None:
                 return

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefill", nargs="+", action="append", default=[], metavar=("URL", "BOOTSTRAP_PORT"))
     a("--decode", nargs="+", action="append", default=[], metavar="URL")
     a("--worker-urls", nargs="*", default=[])
+    a("--api-key")  # 0.3.2's key for the workers; set from the secrets file (never logged here)
     a("--host", default="0.0.0.0")
     a("--port", type=int, default=30000)
     a("--prometheus-host", default="0.0.0.0")
@@ -234,8 +235,10 @@ class RouterHandler(Handler):
     def _call(self, w: Worker, path: str, body: dict[str, Any]) -> tuple[int, str]:
         try:
             conn, base = _conn(w.url, float(self.router.args.request_timeout_secs))
-            conn.request("POST", base + path, json.dumps(body),
-                         {"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self.router.args.api_key:
+                headers["Authorization"] = f"Bearer {self.router.args.api_key}"
+            conn.request("POST", base + path, json.dumps(body), headers)
             resp = conn.getresponse()
             text = resp.read().decode(errors="replace")
             conn.close()
@@ -247,8 +250,11 @@ class RouterHandler(Handler):
                  passthrough: bool) -> None:
         try:
             conn, base = _conn(w.url, float(self.router.args.request_timeout_secs))
+            headers = {"Content-Type": "application/json"}
+            if self.router.args.api_key:  # like 0.3.2: the workers' key, as a bearer token
+                headers["Authorization"] = f"Bearer {self.router.args.api_key}"
             conn.request(method, base + path, json.dumps(body) if body is not None else None,
-                         {"Content-Type": "application/json"})
+                         headers)
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             self.send_json(502, {"error": {"message": f"worker {w.url} unreachable: {exc}"}})

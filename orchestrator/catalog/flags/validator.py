@@ -75,6 +75,7 @@ class FlagSpec:
     required: bool
     deprecated: bool
     help: str
+    secret: bool = False  # a credential: never in extra_args, only from the profile's secrets:
 
     @property
     def name(self) -> str:
@@ -96,6 +97,7 @@ class FlagSpec:
             required=bool(data.get("required", False)),
             deprecated=bool(data.get("deprecated", False)),
             help=str(data.get("help", "")),
+            secret=bool(data.get("secret", False)),
         )
 
 
@@ -302,6 +304,22 @@ class FlagTable:
 
     def spec(self, flag: str) -> FlagSpec | None:
         return self._by_string.get(flag)
+
+    def secret_options(self) -> list[FlagSpec]:
+        """The options the snapshot marks as secret (``"secret": true``), by name."""
+        return sorted((o for o in self.options if o.secret), key=lambda o: o.name)
+
+    def secret_in(self, token: str) -> FlagSpec | None:
+        """The secret option ``token`` names: exactly, as ``--opt=value``, or as a prefix of it
+        (the upstream parsers accept unambiguous abbreviations, allow_abbrev)."""
+        if not token.startswith("--") or len(token) < 3:
+            return None
+        name = token.split("=", 1)[0]
+        exact = self._by_string.get(name)
+        if exact is not None:
+            return exact if exact.secret else None
+        return next((spec for spec in self.secret_options()
+                     if any(o.startswith(name) for o in spec.option_strings)), None)
 
     def option_strings(self) -> list[str]:
         return sorted(self._by_string)
