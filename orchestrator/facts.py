@@ -46,6 +46,37 @@ class UnitFact(_Frozen):
     active: str  # active, inactive, failed, activating, ...
 
 
+class PoolMeasurement(_Frozen):
+    """What an engine really allocated for one role on this host (issue 22: calibration).
+
+    Written by ``dsv4ctl apply`` after a healthy start (from ``/server_info`` and the scheduler's
+    startup log line) or by ``dsv4ctl calibrate HOST --from-log FILE``; kept on the host in
+    ``<install_root>/calibration.json`` and read back as a fact, so a plan depends only on the
+    profile and the facts. ``model_tokens`` is what the planner's uncalibrated model predicted for
+    the configuration that was measured, ``bytes_per_token`` its bytes per full-context token: their
+    difference to ``measured_tokens`` is memory the model does not explain.
+    """
+
+    role: str  # engine | prefill | decode
+    engine_version: str
+    model_variant: str
+    measured_tokens: int  # max_total_num_tokens per rank (attention-DP worker)
+    model_tokens: int  # the uncalibrated model's prediction for the measured configuration
+    predicted_tokens: int  # what the applied plan predicted (calibrated or not)
+    bytes_per_token: float
+    mem_fraction_static: float | None = None
+    available_gpu_mem_gib: float | None = None  # the scheduler's available_gpu_mem after startup
+    source: str  # "server_info", "server_info + log", "log FILE"
+    release: str | None = None
+    measured_at: str
+
+    @property
+    def unexplained_bytes(self) -> int:
+        """Per-rank bytes the engine used before KV profiling that the model does not predict
+        (negative: the engine had more room than predicted)."""
+        return round((self.model_tokens - self.measured_tokens) * self.bytes_per_token)
+
+
 class Facts(_Frozen):
     source: Literal["declared", "probed"]
     host: str
@@ -59,6 +90,9 @@ class Facts(_Frozen):
     current_files: dict[str, str] = Field(
         default_factory=dict, description="path -> sha256 of the current release's files"
     )
+    # The host's last pool measurement per (role, engine version, model variant): what the
+    # planner calibrates its KV-pool prediction with (orchestrator/calibration.py).
+    calibration: list[PoolMeasurement] = Field(default_factory=list)
 
     def fingerprint(self) -> str:
         """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.
@@ -69,6 +103,8 @@ class Facts(_Frozen):
         changed. Apply compares free space with what the plan needs instead
         (``apply.steps.stale_reason``)."""
         data = self.model_dump(mode="json")
+        if not data["calibration"]:
+            del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had
         for disk in data["disks"]:
             del disk["free_bytes"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -90,6 +90,12 @@ class RoleCapacity(_Frozen):
     headroom_need_bytes: int = 0  # sum of the runtime terms; compare with headroom_bytes
     longest_request_tokens: int = 0
     chunked_prefill_size: int = 0  # as SGLang resolves it (its default when unset)
+    # Calibration (orchestrator/calibration.py): the uncalibrated model's tokens per rank, the
+    # per-host, per-engine-version term applied (bytes per rank taken before KV profiling that the
+    # model does not explain; negative: room it did not expect), and the sentence saying so.
+    model_tokens_per_rank: int = 0
+    calibration_bytes: int = 0
+    calibrated: str | None = None
 
 
 class GpuRow(_Frozen):

@@ -139,6 +139,8 @@ class HistoryRow:
     failed_step: str | None
     # {passed, reason, figures} from the qualify step; None when it did not run
     qualification: dict[str, Any] | None = None
+    # per role, the KV pool the plan predicted and the engine reported (the measure step)
+    pool: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _ms(v: Any) -> str:
@@ -188,8 +190,21 @@ def history(host_name: str, host: Host) -> list[HistoryRow]:
             id=r.id, created=r.created, status=r.status, reason=r.reason, current=r.id == current,
             restarted=r.restarted_roles, failed_step=failed,
             events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events],
-            qualification=r.qualification.model_dump(mode="json") if r.qualification else None))
+            qualification=r.qualification.model_dump(mode="json") if r.qualification else None,
+            pool=[m.model_dump(mode="json") for m in r.pool]))
     return rows
+
+
+def pool_line(m: dict[str, Any]) -> str:
+    """One line per role for `dsv4ctl history`: the plan's pool beside the engine's."""
+    from orchestrator.calibration import drift
+
+    d = drift(m["measured_tokens"], m["predicted_tokens"])
+    line = (f"pool {m['role']}: predicted {m['predicted_tokens']:,}, measured "
+            f"{m['measured_tokens']:,} tokens per rank ({d:+.1%}; {m['source']})")
+    if m.get("predicted_tokens") != m.get("model_tokens"):
+        line += f", model alone {m['model_tokens']:,}"
+    return line
 
 
 @dataclass
@@ -201,6 +216,7 @@ class StatusReport:
     roles: list[tuple[str, bool, str]] = field(default_factory=list)  # (role, ok, message)
     file_drift: list[str] = field(default_factory=list)
     profile_drift: list[str] = field(default_factory=list)
+    pool_drift: list[str] = field(default_factory=list)  # live KV pool vs the plan's (issue 22)
     deployment: str | None = None  # the current release's deployment name
     metrics: list[Any] = field(default_factory=list)  # ReleaseMetrics from the host's records
 
@@ -257,8 +273,8 @@ def status(host_name: str, host: Host) -> StatusReport:
         rep.metrics = release_metrics(records, current)
         if current is None:
             return rep
-        rep.current_status = next((r.status for r in records if r.id == current), None) \
-            or store.read_record(current).status
+        record = next((r for r in records if r.id == current), None)
+        rep.current_status = record.status if record else store.read_record(current).status
         _, dep, _ = load_release(store, current)
         rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
@@ -296,7 +312,24 @@ def status(host_name: str, host: Host) -> StatusReport:
                 info = None
             if isinstance(info, dict):
                 rep.profile_drift += _server_info_drift(role, dep, info)
+                rep.pool_drift += _pool_drift(role.name, info, record)
     return rep
+
+
+def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:
+    """The live pool (``/server_info``) against the pool the applied plan predicted."""
+    from orchestrator.calibration import POOL_DRIFT_THRESHOLD, drift, server_info_pool
+
+    live, _ = server_info_pool(info)
+    planned = next((m for m in (record.pool if record else []) if m.role == role), None)
+    if live is None or planned is None:
+        return []
+    d = drift(live, planned.predicted_tokens)
+    if abs(d) <= POOL_DRIFT_THRESHOLD:
+        return []
+    return [f"{role}: the engine's KV pool is {live:,} tokens per rank, the plan predicted "
+            f"{planned.predicted_tokens:,} ({d:+.1%}, threshold {POOL_DRIFT_THRESHOLD:.0%}); "
+            "`dsv4ctl plan --host` now calibrates from the measurement"]
 
 
 def _unit_file(scope: str, unit: str) -> str:

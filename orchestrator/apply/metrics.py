@@ -102,7 +102,9 @@ def release_metrics(records: Sequence[ReleaseRecord], current: str | None,
                 # (deployment, release) label set
                 active=last_op and rec.id == current,
                 qualify_passed=qual.passed if qual else None,
-                qualify_figures=dict(qual.figures) if qual else {}))
+                qualify_figures=dict(qual.figures) if qual else {},
+                pool_tokens={m.role: (m.predicted_tokens, m.measured_tokens)
+                             for m in rec.pool}))
     return out
 
 

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.apply.measure import measure_pool
 from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, RemoteError, StalePlan
 from orchestrator.facts import Facts
@@ -623,6 +624,7 @@ ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
     "start_units": start_units,
     "wait_healthy": wait_healthy,
     "smoke_generate": smoke_generate,
+    "measure_pool": measure_pool,
     "qualify": qualify,
     "record_healthy": record_healthy,
     "record_rollback": record_rollback,

@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "orchestrator.cli.render_cmd",
     "orchestrator.cli.apply_cmd",
     "orchestrator.cli.probe_cmd",
+    "orchestrator.cli.calibrate_cmd",
 )
 
 

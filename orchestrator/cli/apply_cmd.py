@@ -259,7 +259,7 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
     import json
 
     from orchestrator.apply import history as get_history
-    from orchestrator.apply import qualification_line
+    from orchestrator.apply import pool_line, qualification_line
 
     name, host = resolve_host(profile_path, inventory, host_name)
     rows = get_history(name, host)
@@ -275,6 +275,8 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
         if r.restarted:
             line += f"  restarted: {', '.join(r.restarted)}"
         _echo(line)
+        for m in r.pool:
+            _echo(f"      {pool_line(m)}")
         if r.qualification is not None:
             _echo(f"      qualify {qualification_line(r.qualification)}")
         if r.failed_step and r.qualification is not None and r.failed_step.startswith("qualify:"):
@@ -308,7 +310,8 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 
     name, host = resolve_host(profile_path, inventory, host_name)
     rep = get_status(name, host)
-    code = 0 if rep.healthy and not rep.file_drift and not rep.profile_drift else 1
+    code = 0 if (rep.healthy and not rep.file_drift and not rep.profile_drift
+                  and not rep.pool_drift) else 1
     if fmt == "prometheus":
         from orchestrator.monitoring.selfmetrics import status_text
 
@@ -322,7 +325,8 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
             "current_status": rep.current_status, "locked_by": rep.locked_by,
             "healthy": rep.healthy,
             "roles": [{"role": r, "ok": ok, "message": m} for r, ok, m in rep.roles],
-            "file_drift": rep.file_drift, "profile_drift": rep.profile_drift}, indent=2))
+            "file_drift": rep.file_drift, "profile_drift": rep.profile_drift,
+            "pool_drift": rep.pool_drift}, indent=2))
         return code
     _echo(f"host {name}: current release {rep.current or 'none'}"
           + (f" ({rep.current_status})" if rep.current_status else ""))
@@ -334,7 +338,9 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
         _echo(f"  drift (files): {d}")
     for d in rep.profile_drift:
         _echo(f"  drift (engine): {d}")
-    if not rep.file_drift and not rep.profile_drift and rep.current:
+    for d in rep.pool_drift:
+        _echo(f"  drift (pool): {d}")
+    if not rep.file_drift and not rep.profile_drift and not rep.pool_drift and rep.current:
         _echo("  no drift")
     return code
 

@@ -21,6 +21,10 @@ Metrics (labels in braces), per deployment, from the most recent record:
   dsv4ctl_last_health_check_duration_seconds{deployment,role}
   dsv4ctl_last_qualify_passed{deployment}                        only when qualification ran
   dsv4ctl_last_qualify_figure{deployment,figure}                 numeric qualification figures
+  dsv4ctl_kv_pool_tokens{deployment,role,kind}                   KV pool per rank: kind=predicted
+                                                                 (the plan) or measured (the
+                                                                 engine), from the newest record
+                                                                 that measured one (issue 22)
 and over all records given (the history dsv4ctl keeps; pruning old records can lower these,
 which Prometheus treats as a counter reset):
   dsv4ctl_applies_total{deployment,result}
@@ -69,6 +73,8 @@ class ReleaseMetrics:
     active: bool = False
     qualify_passed: bool | None = None
     qualify_figures: Mapping[str, float | int | str] = field(default_factory=dict)
+    #: role -> (predicted, measured) KV pool tokens per rank, from the measure step
+    pool_tokens: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -135,6 +141,10 @@ def _families(records: Sequence[ReleaseMetrics]) -> list[Metric]:
                                   labels=["deployment", "result"])
     rollbacks = CounterMetricFamily("dsv4ctl_rollbacks", "Rollbacks in the kept history.",
                                     labels=["deployment"])
+    pool = GaugeMetricFamily("dsv4ctl_kv_pool_tokens",
+                             "KV pool tokens per rank: the plan's prediction and the engine's "
+                             "report after its start (newest measured release).",
+                             labels=["deployment", "role", "kind"])
 
     for dep in deps:
         recs = sorted(by_dep[dep], key=lambda r: (r.finished_at, r.release_id))
@@ -161,7 +171,13 @@ def _families(records: Sequence[ReleaseMetrics]) -> list[Metric]:
         for result in RESULTS:
             applies.add_metric([dep, result], sum(1 for r in recs if r.result == result))
         rollbacks.add_metric([dep], sum(r.rollbacks for r in recs))
-    return [info, active, ts, dur, ok, res, health, qpass, qfig, applies, rollbacks]
+        measured = [r for r in recs if r.pool_tokens]
+        if measured:
+            newest = measured[-1].pool_tokens
+            for role in sorted(newest):
+                pool.add_metric([dep, role, "predicted"], newest[role][0])
+                pool.add_metric([dep, role, "measured"], newest[role][1])
+    return [info, active, ts, dur, ok, res, health, qpass, qfig, applies, rollbacks, pool]
 
 
 def _render(families: list[Metric]) -> str:

@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from orchestrator import calibration
 from orchestrator.catalog import (
     Catalog,
     EngineRules,
@@ -22,7 +23,7 @@ from orchestrator.catalog import (
 )
 from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment, RoleDeployment
-from orchestrator.facts import Facts
+from orchestrator.facts import Facts, PoolMeasurement
 from orchestrator.planner import headroom as hr
 from orchestrator.planner.checks import check, gib
 from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
@@ -221,22 +222,36 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
         try:
             kvx = _kv_inputs(cat, model, dep, role, engine)
 
+            meas = calibration.lookup(facts.calibration, role.name, dep.engine_version,
+                                      dep.model_variant)
+            unexplained = meas.unexplained_bytes if meas else 0
+
             def sized(m: float, hx: hr.HeadroomInputs = hx, kvx: KVPoolInputs = kvx,
-                      wbytes: int = wb.total_bytes, tp: int = role.tp
+                      wbytes: int = wb.total_bytes, tp: int = role.tp, u: int = unexplained
                       ) -> tuple[PoolSizing, hr.HeadroomModel]:
+                # The calibration term is memory taken before KV profiling that the model does
+                # not predict (u > 0), or room it did not expect (u < 0): it moves "avail".
                 pre = hr.build(replace(hx, mem_fraction_static=m))
-                s = size_pool(kvx, gpu.total_bytes, wbytes, m,
+                s = size_pool(kvx, gpu.total_bytes, max(0, wbytes + min(u, 0)), m,
+                              other_static_bytes=max(u, 0),
                               preload_used_bytes=pre.preload_bytes, world_size=tp)
                 return s, hr.build(replace(hx, mem_fraction_static=m),
                                    max(0, s.headroom_bytes) if s.fits else None)
 
             sizing, hmodel = sized(mfs)
+            model_tokens = sized(mfs, u=0)[0].max_total_num_tokens if meas else None
         except KVPoolError as exc:
             checks.append(check("capacity.kv-inputs", "error", "KV pool cannot be sized",
                                 f"role {role.name}: {exc.message}", exc.fix, subject=role.name))
             continue
         notes += list(sizing.notes) + [f"headroom: the worst moment is {n}" for n in hmodel.notes]
-        caps.append(_cap(role, gpu, mfs, wb, sizing, notes, hmodel))
+        cal = None
+        if meas is not None and model_tokens is not None:
+            cal = _calibration(role, meas, model_tokens, sizing, facts.host)
+            checks.append(cal[1])
+        caps.append(_cap(role, gpu, mfs, wb, sizing, notes, hmodel,
+                         model_tokens if cal else None, cal[0] if cal else None,
+                         unexplained if cal else 0))
         checks += _pool_checks(dep, profile, role, sizing, mfs, gpu)
         if sizing.fits:
             checks += _headroom_checks(role, sizing, hmodel, mfs, hx, sized)
@@ -256,8 +271,31 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
     return caps, [rows[i] for i in sorted(rows)], checks
 
 
+def _calibration(role: RoleDeployment, m: PoolMeasurement, model_tokens: int, s: PoolSizing,
+                 host: str) -> tuple[str, Check]:
+    """The calibration term of a role, as a sentence and as the info check that shows it."""
+    u = m.unexplained_bytes
+    where = f"release {m.release}" if m.release else m.source
+    text = (f"calibrated from host {host}'s measurement (sglang {m.engine_version}, "
+            f"{m.model_variant}, {where}, {m.measured_at}): the model predicts {model_tokens:,} "
+            f"tokens per rank, the engine reported {m.measured_tokens:,} for a configuration the "
+            f"model put at {m.model_tokens:,}; {gib(abs(u))} per rank "
+            + ("the model does not explain is subtracted" if u >= 0 else
+               "more than the model expected is added")
+            + f": {s.max_total_num_tokens:,} tokens per rank")
+    return text, check(
+        "capacity.calibrated", "info", "KV pool calibrated from the host's engine",
+        f"role {role.name}: {text}",
+        "reset with `dsv4ctl calibrate HOST --reset` to plan from the model alone",
+        subject=role.name, model_tokens=model_tokens, measured_tokens=m.measured_tokens,
+        calibrated_tokens=s.max_total_num_tokens, calibration_bytes=u,
+        engine_version=m.engine_version)
+
+
 def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, sizing: PoolSizing | None,
-         notes: list[str], hmodel: hr.HeadroomModel | None = None) -> RoleCapacity:
+         notes: list[str], hmodel: hr.HeadroomModel | None = None,
+         model_tokens: int | None = None, calibrated: str | None = None,
+         calibration_bytes: int = 0) -> RoleCapacity:
     groups = [WeightGroup(name=g.id, bytes=g.bytes_per_rank) for g in wb.groups]
     tokens = sizing.max_total_num_tokens if sizing else 0
     return RoleCapacity(
@@ -277,7 +315,9 @@ def _cap(role: RoleDeployment, gpu: HostGpu, mfs: float, wb: WeightBreakdown, si
                         for t in (hmodel.terms if hmodel else ())],
         headroom_need_bytes=hmodel.runtime_bytes if hmodel else 0,
         longest_request_tokens=hmodel.longest_request_tokens if hmodel else 0,
-        chunked_prefill_size=hmodel.chunked_prefill_size if hmodel else 0)
+        chunked_prefill_size=hmodel.chunked_prefill_size if hmodel else 0,
+        model_tokens_per_rank=model_tokens if model_tokens is not None else tokens,
+        calibration_bytes=calibration_bytes, calibrated=calibrated)
 
 
 def _arithmetic(s: PoolSizing) -> dict[str, object]:

@@ -74,6 +74,9 @@ def memory_section(plan: Plan, c: RoleCapacity) -> Section | None:
         ("req_to_token table: (requests+1) x context x 4 B", c.req_to_token_bytes),
         ("headroom: free for activations, CUDA graphs, NCCL", c.headroom_bytes),
     ]
+    if c.calibration_bytes:
+        terms.insert(2, ("calibration: measured on the host, not in the model",
+                         c.calibration_bytes))
     total = sum(n for _, n in terms)
     lines = [_row(label, n) for label, n in terms]
     lines.append(_row("= GPU capacity" if total == c.gpu_total_bytes
@@ -165,6 +168,8 @@ def headroom_section(plan: Plan, c: RoleCapacity) -> Section | None:
             lines += textwrap.wrap(f"source: {t.source}", 90, initial_indent="      ",
                                    subsequent_indent="        ")
         lines.append(_row("  = sum", total))
+    if c.calibrated:
+        lines += textwrap.wrap(f"KV pool {c.calibrated}", 90)
     verdict = ("fits" if c.headroom_need_bytes <= c.headroom_bytes else
                "does NOT fit (capacity.headroom)")
     lines.append(_row(f"headroom left by the KV pool: need {_gib(c.headroom_need_bytes)}, "

@@ -8,6 +8,7 @@ Plan, so golden tests pin it byte for byte. Sensitive files are shown as ``(sens
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 
 from orchestrator.planner_model import Check, Plan
@@ -121,6 +122,10 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
                          "mfs"], rows)
         w = plan.deployment
         lines.append(f"  context per request up to {w.context_length:,} tokens")
+        for c in plan.capacity:  # calibration is never hidden (issue 22)
+            if c.calibrated:
+                lines += textwrap.wrap(f"{c.role}: {c.calibrated}", 98, initial_indent="  ",
+                                       subsequent_indent="    ")
         lines.append("")
     if plan.disks:
         lines.append("Disk:")
@@ -180,6 +185,9 @@ def render_markdown(plan: Plan) -> str:
                   f"| {_gib(g.weights_bytes)} | {_gib(g.kv_bytes)} | "
                   f"{_gib(g.headroom_bytes)} | {_gib(g.free_static_bytes)} |" for g in plan.gpus]
         lines += ["", " ".join(GPU_TABLE_LEGEND), ""]
+    lines += [f"- KV pool of {c.role} {c.calibrated}" for c in plan.capacity if c.calibrated]
+    if any(c.calibrated for c in plan.capacity):
+        lines.append("")
     shown = [c for c in plan.checks if c.severity != "info"]
     if shown:
         lines += ["| severity | check | message | fix |", "|---|---|---|---|"]

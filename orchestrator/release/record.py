@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.facts import PoolMeasurement
 from orchestrator.planner_model import Plan
 
 RECORD_FORMAT = 1
@@ -95,6 +96,9 @@ class ReleaseRecord(BaseModel):
     controller: str | None = None
     # set by the qualify step, passed or not; absent when it did not run (and in older records)
     qualification: Qualification | None = None
+    # set by the measure step (issue 22): per role, the KV pool the plan predicted and the one the
+    # engine reported after its start; empty when it did not run (and in older records)
+    pool: list[PoolMeasurement] = Field(default_factory=list)
 
     def begin(self, step: str, now: datetime) -> JournalEntry:
         entry = JournalEntry(step=step, start=stamp(now))

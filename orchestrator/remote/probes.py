@@ -20,8 +20,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.calibration import CALIBRATION_FILE
+from orchestrator.calibration import parse_file as parse_calibration
 from orchestrator.errors import RemoteError
-from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, UnitFact
+from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, PoolMeasurement, UnitFact
 from orchestrator.profile.inventory import Host
 
 # The fields we ask nvidia-smi for, in order. `compute_cap` needs driver >= 510 (nvidia-smi
@@ -352,6 +354,18 @@ def probe_current(shell: Shell, install_root: str) -> tuple[str | None, dict[str
     return parse_current(res.stdout)
 
 
+# -------------------------------------------------------------------------------- calibration ---
+
+def probe_calibration(shell: Shell, install_root: str) -> list[PoolMeasurement]:
+    """The host's pool measurements (``<install_root>/calibration.json``, written by apply's
+    measure step and by ``dsv4ctl calibrate``); none when the file is absent."""
+    path = f"{install_root.rstrip('/')}/{CALIBRATION_FILE}"
+    res = shell.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=30)
+    if not res.ok:
+        raise RemoteError(f"reading {path} failed (exit {res.rc}): {res.stderr[:300]}")
+    return parse_calibration(res.stdout, where=f"{path} on the host")
+
+
 # ---------------------------------------------------------------------------------------- all ---
 
 def probe_paths(host: Host, model_paths: Iterable[str] = ()) -> tuple[list[str], list[str]]:
@@ -381,4 +395,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         units=probe_units(shell, host.scope),
         current_release=current,
         current_files=files,
+        calibration=probe_calibration(shell, host.install_root),
     )

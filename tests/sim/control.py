@@ -46,6 +46,12 @@ SWITCHES (see `DEFAULTS` for the built-in values):
   are not applied to requests that omit sampling parameters.
 - cache_hit_rate: float, spec_accept_length: float. Values shown on /metrics.
 - metrics: {"sglang:name": value}. Forces gauge values on /metrics (for alert tests).
+- pool_factor: float (default 1.0), pool_tokens: int|null. The KV pool the engine reports
+  (`max_total_num_tokens` on /server_info and /metrics, the scheduler's startup log line). The
+  base stands in for SGLang's own sizing: the model's prediction in the release being started
+  (`current/plan.json` in the unit's working directory, `model_tokens_per_rank` of this role),
+  500000 without one. `pool_factor` scales it (0.7: 30% below, as a real engine can land);
+  `pool_tokens` sets it outright.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ DEFAULTS: dict[str, Any] = {
     "cache_hit_rate": 0.0,
     "spec_accept_length": 3.2,
     "metrics": {},
+    "pool_factor": 1.0,
+    "pool_tokens": None,
 }
 
 _SECTIONS = {"default", "by_mode", "by_port", "rules"}

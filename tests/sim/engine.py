@@ -108,12 +108,35 @@ class Engine:
         self.slots = threading.Semaphore(args.max_running_requests or 256)
         self.metrics = EngineMetrics(
             model_name=self.served, engine_type=self.mode, attn_dp_size=args.attn_dp_size,
-            max_total_tokens=500000, speculative=bool(args.speculative_algorithm),
+            max_total_tokens=self._pool_tokens(), speculative=bool(args.speculative_algorithm),
             start_time=self.start_wall)
         self.metrics.cache_hit_rate = float(switches["cache_hit_rate"])
         self.metrics.spec_accept_length = float(switches["spec_accept_length"])
         self.metrics.overrides = {k: float(v) for k, v in switches["metrics"].items()}
         self.sampling_defaults = self._sampling_defaults()
+
+    def _pool_tokens(self) -> int:
+        """The pool this engine reports (control switches pool_tokens / pool_factor)."""
+        if self.sw["pool_tokens"] is not None:
+            return int(self.sw["pool_tokens"])
+        base = 500000
+        role = "engine" if self.mode == "unified" else self.mode
+        try:  # the unit's WorkingDirectory is the install root; `current` is being started
+            plan = json.loads(Path("current/plan.json").read_text())
+            cap = next(c for c in plan["capacity"] if c["role"] == role)
+            base = int(cap.get("model_tokens_per_rank") or cap["max_total_tokens_per_rank"])
+        except (OSError, ValueError, KeyError, StopIteration):
+            pass
+        return int(base * float(self.sw["pool_factor"])) // 256 * 256
+
+    def scheduler_line(self) -> str:
+        """SGLang 0.5.23's startup line (managers/scheduler.py L1267-1276), with its log prefix."""
+        a = self.args
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start_wall))
+        return (f"[{stamp} TP0] max_total_num_tokens={self.metrics.max_total_tokens}, "
+                f"chunked_prefill_size={a.chunked_prefill_size}, max_prefill_tokens=16384, "
+                f"max_running_requests={a.max_running_requests or 256}, "
+                f"context_len={self.context_length}, available_gpu_mem=11.42 GB")
 
     def _sampling_defaults(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -566,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=boot.serve_forever, daemon=True).start()
     except OSError as exc:
         return _fail(1, f"cannot listen on {args.host}:{args.port} or its bootstrap port: {exc}")
+    sys.stderr.write(engine.scheduler_line() + "\n")
     sys.stderr.write(f"sglang (simulator) {VERSION}: serving {served} ({mode}) on "
                      f"http://{args.host}:{args.port}\n")
     sys.stderr.flush()

@@ -96,9 +96,9 @@ def test_playbooks_load_and_reference_known_actions(tmp_path: Path) -> None:
     apply_pb = load_playbook("apply", set(ACTIONS))
     names = [s.name for s in apply_pb.steps]
     assert names == ["preflight", "upload", "kernels", "stop", "switch", "units", "start",
-                     "health", "smoke", "qualify", "record"]
+                     "health", "smoke", "measure", "qualify", "record"]
     # everything from the first step that can touch serving on rolls back
-    assert [s.on_failure for s in apply_pb.steps][3:] == ["rollback"] * 8
+    assert [s.on_failure for s in apply_pb.steps][3:] == ["rollback"] * 9
     assert load_playbook("rollback", set(ACTIONS)).steps[-1].action == "record_rollback"
     (tmp_path / "bad.yaml").write_text("name: bad\nsteps:\n  - {name: a, action: nope}\n"
                                        "  - {name: a, action: preflight}\n")
