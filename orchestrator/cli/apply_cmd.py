@@ -275,14 +275,14 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
         if r.restarted:
             line += f"  restarted: {', '.join(r.restarted)}"
         _echo(line)
-        for m in r.pool:
-            _echo(f"      {pool_line(m)}")
         if r.qualification is not None:
             _echo(f"      qualify {qualification_line(r.qualification)}")
         if r.failed_step and r.qualification is not None and r.failed_step.startswith("qualify:"):
             _echo("      failed at qualify (why: the qualify line above)")
         elif r.failed_step:
             _echo(f"      failed at {r.failed_step}")
+        for m in r.pool:
+            _echo(f"      {pool_line(m)}")
         for e in r.events:
             _echo(f"      {e}")
     _echo("(* = current)")
