@@ -295,19 +295,73 @@ def test_deepseek_v4_is_not_an_mla_arch_in_sglang() -> None:
     assert "self.attention_arch = AttentionArch.MHA" in block
 
 
-def test_custom_allreduce_size_and_pcie_rule() -> None:
-    path = sglang_root() / "srt/distributed/device_communicators/custom_all_reduce.py"
-    ns = _ns()
-    code = extract(path, ["CustomAllreduce"])
-    src = path.read_text()
+def test_custom_allreduce_switch_is_sglangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real ``can_use_custom_all_reduce_with_nvlink`` decides on/off; the buffer sizes are
+    ``CustomAllreduce``'s (three of ``_MAX_CAR_SIZE``: meta + buffer + rank_data)."""
+    import sglang.srt.distributed.device_communicators.custom_all_reduce_utils as u
+
+    src = (sglang_root() / "srt/distributed/device_communicators/custom_all_reduce.py").read_text()
     assert "_MAX_CAR_SIZE = 8192 * 1024" in src and "_SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]" in src
-    del ns, code
-    utils = (sglang_root() / "srt/distributed/device_communicators/custom_all_reduce_utils.py"
-             ).read_text()
-    assert "if world_size > 2 and not full_nvlink:" in utils
-    for world, nvlink, on in ((1, False, False), (2, False, True), (4, False, False),
-                              (4, True, True), (3, True, False), (8, False, False)):
+    assert src.count("max_size, dtype=torch.uint8, device=self.device") >= 1
+    assert "self.create_shared_buffer(max_size, group=group)" in src
+    assert "ops.meta_size() + max_size, group=group" in src
+    for world, nvlink in ((1, False), (2, False), (3, True), (4, False), (4, True), (8, False),
+                          (8, True)):
+        def gather(out: list[Any], t: Any, group: Any = None) -> None:
+            for i, o in enumerate(out):
+                o[0] = i
+
+        monkeypatch.setattr(u, "dist", types.SimpleNamespace(
+            get_backend=lambda _g: "gloo", get_rank=lambda group=None: 0,
+            get_world_size=lambda group=None, w=world: w, all_gather=gather,
+            Backend=types.SimpleNamespace(NCCL="nccl")))
+        monkeypatch.setattr(u, "in_the_same_node_as", lambda g, source_rank=0, w=world: [True] * w)
+        monkeypatch.setattr(u, "is_full_nvlink", lambda ids, w, nv=nvlink: nv)
+        monkeypatch.setattr(u, "can_p2p", lambda r, w: True)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(world))))
+        real = u.can_use_custom_all_reduce_with_nvlink(
+            group=None, device=torch.device("cuda", 0), supported_world_size=[2, 4, 6, 8],
+            cls_name="CustomAllreduce")
         m = H.build(H.HeadroomInputs(gpu_total_bytes=RTX_PRO_6000, mem_fraction_static=0.85,
                                      tp=world, full_nvlink=nvlink))
         car = next(t for t in m.terms if t.id == "custom_allreduce")
-        assert car.bytes == (3 * H.CUSTOM_AR_MAX_SIZE if on else 0), (world, nvlink)
+        assert car.bytes == (0 if real is None else 3 * H.CUSTOM_AR_MAX_SIZE), (world, nvlink)
+
+
+def test_torch_env_disables_deepgemm_row_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1 (sglang's sm_120 default) the real
+    PagedIndexerMetadata builds no DeepGEMM schedule and never chunks: TileLang scores all rows of
+    an 8K chunk against a 1M context in one fp32 [rows, keys] piece."""
+    from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata
+
+    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
+    rows, pages = 8192, 4096
+    meta = PagedIndexerMetadata(
+        page_size=256, compressed_page_size=64,
+        page_table=torch.zeros(rows, pages, dtype=torch.int32),
+        compressed_seq_lens=torch.full((rows,), pages * 64, dtype=torch.int32),
+        use_topk_v2=False, force_deep_gemm_metadata=False, use_prefill_cuda_graph=False,
+        compress_ratio=4)
+    assert meta.deep_gemm_metadata is None and meta.rows_per_chunk is None
+    assert meta.max_compressed_seq_len == H.compressed_cols(1_048_576)
+    tl = (sglang_root() / "kernels/ops/attention/dsa/tilelang_kernel.py").read_text()
+    assert "logits = page_table.new_empty((batch_size, max_seq_len), dtype=torch.float32)" in tl
+    m = H.build(H.HeadroomInputs(gpu_total_bytes=RTX_PRO_6000, mem_fraction_static=0.85, tp=4,
+                                 disaggregation_mode="prefill", chunked_prefill_size=rows,
+                                 longest_request_tokens=1_048_576, indexer_path="tilelang",
+                                 torch_mqa_env=True))
+    assert next(t for t in m.terms if t.id == "indexer_logits").bytes == \
+        rows * meta.max_compressed_seq_len * 4
+
+
+def test_sm120_hook_selects_tilelang_and_the_torch_env_by_default() -> None:
+    text = (sglang_root() / "srt/arg_groups/model_hook.py").read_text()
+    at = text.index("if get_platform().is_sm120:")
+    block = text[at:text.index("elif get_platform().is_hip:", at)]
+    for var in ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "SGLANG_OPT_USE_TILELANG_INDEXER"):
+        assert f"if not envs.{var}.is_set():\n                envs.{var}.set(True)" in block
+    ind = (sglang_root() / "srt/layers/attention/dsv4/indexer.py").read_text()
+    order = [ind.index(s) for s in ("elif envs.SGLANG_OPT_USE_TILELANG_INDEXER.get():",
+                                    "elif envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH.get():",
+                                    "from deep_gemm import fp8_paged_mqa_logits as fn")]
+    assert order == sorted(order)  # TileLang wins over the torch function, DeepGEMM comes last

@@ -147,3 +147,20 @@ def test_sim_reports_the_log_line_sglang_writes(tmp_path: Path) -> None:
     e = sim.Engine(args, [], [], {**sim.control.DEFAULTS, "pool_tokens": 4247808}, tmp_path)
     (line,) = C.parse_scheduler_lines(e.scheduler_line())
     assert line.max_total_num_tokens == 4247808 == e.server_info()["max_total_num_tokens"]
+
+
+def test_metrics_carry_predicted_and_measured_pool() -> None:
+    from orchestrator.monitoring.selfmetrics import ReleaseMetrics, textfile_for
+
+    old = ReleaseMetrics(deployment="d", release_id="r0001", profile="p", finished_at=1.0,
+                         apply_duration_s=1.0, result="success",
+                         pool_tokens={"prefill": (100, 90)})
+    new = ReleaseMetrics(deployment="d", release_id="r0002", profile="p", finished_at=2.0,
+                         apply_duration_s=1.0, result="success", active=True,
+                         pool_tokens={"prefill": (6068736, 4247808), "decode": (5, 4)})
+    text = textfile_for([old, new])
+    assert ('dsv4ctl_kv_pool_tokens{deployment="d",kind="predicted",role="prefill"} 6.068736e+06'
+            in text)
+    assert 'dsv4ctl_kv_pool_tokens{deployment="d",kind="measured",role="prefill"} 4.247808e+06' \
+        in text
+    assert 'kind="measured",role="decode"} 4.0' in text
