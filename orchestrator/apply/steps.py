@@ -261,6 +261,7 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
         return (f"the host's current release is {facts.current_release or 'none'}, the plan was "
                 f"made against {plan.current_release or 'none'}")
     prints = {facts.fingerprint()}
+    narrow = facts
     if model_path:
         disks, models = probe_paths(host, ())
         narrow = facts.model_copy(update={
@@ -269,7 +270,12 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
         })
         prints.add(narrow.fingerprint())
     if plan.facts_fingerprint not in prints:
-        return "the host's facts (GPUs, disks, models, ports or units) changed since planning"
+        if plan.facts_fingerprint in {f.model_copy(update={"calibration": []}).fingerprint()
+                                      for f in (facts, narrow)}:
+            return ("the host's KV-pool calibration (calibration.json) changed since planning: "
+                    "a newer measurement of its engine; re-plan to use it")
+        return ("the host's facts (GPUs, disks, models, ports, units or KV-pool calibration) "
+                "changed since planning")
     # free space is not in the fingerprint (Facts.fingerprint): what matters is that the
     # checkpoint still fits where the plan puts it
     for row in plan.disks:

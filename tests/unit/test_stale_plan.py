@@ -74,3 +74,19 @@ def test_other_facts_still_make_it_stale() -> None:
     why = stale_reason(plan, _facts(500 * GIB, gpus=7), _host(), None)
     assert why is not None and "facts" in why
 
+
+
+def test_a_new_pool_measurement_makes_it_stale_and_says_so() -> None:
+    from orchestrator.facts import PoolMeasurement
+
+    plan = _plan(_facts(500 * GIB))
+    cap = plan.capacity[0]
+    meas = PoolMeasurement(
+        role=cap.role, engine_version="0.5.23", model_variant=plan.deployment.model_variant,
+        measured_tokens=cap.max_total_tokens_per_rank // 2 // 256 * 256,
+        model_tokens=cap.max_total_tokens_per_rank,
+        predicted_tokens=cap.max_total_tokens_per_rank, bytes_per_token=cap.bytes_per_token,
+        source="server_info", release="r0001", measured_at="2026-12-01T15:00:00.00Z")
+    now = _facts(500 * GIB).model_copy(update={"calibration": [meas]})
+    why = stale_reason(plan, now, _host(), None)
+    assert why is not None and "calibration" in why and "re-plan" in why
