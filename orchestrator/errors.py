@@ -26,6 +26,20 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C; the journal records where it stopped
 
 
+# What each exit code means: `dsv4ctl --help` and the README's table are generated from this.
+EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "success (with `--detailed-exitcode`: no changes)",
+    ExitCode.ERROR: "error: invalid input, a plan with errors, unreachable host, a refused "
+                    "confirmation",
+    ExitCode.CHANGES: "with `--detailed-exitcode`: success, and there are changes",
+    ExitCode.ROLLED_BACK: "apply failed; the previous release was restored and is healthy",
+    ExitCode.ROLLBACK_FAILED: "apply failed and restoring the previous release failed too",
+    ExitCode.LOCKED: "the host is locked by another dsv4ctl run (the holder is shown)",
+    ExitCode.STALE_PLAN: "the saved plan is stale or was already applied",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the release journal records where it stopped",
+}
+
+
 class DsvError(Exception):
     """Base of every expected failure. ``fix`` says what the user can do about it."""
 
@@ -94,6 +108,8 @@ class InputError(DsvError):
     problems: list[Problem] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # one mistake can reach the validator by several routes (union alternatives): say it once
+        self.problems = list(dict.fromkeys(self.problems))
         n = len(self.problems)
         noun = "problem" if n == 1 else "problems"
         DsvError.__init__(self, f"{self.kind} is invalid: {n} {noun}")

@@ -17,19 +17,11 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.options import route_library_logs
-from orchestrator.errors import DsvError, ExitCode
+from orchestrator.cli.output import FORMAT, echo
+from orchestrator.errors import EXIT_CODE_MEANINGS, DsvError, ExitCode, InputError, Problem
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  success (with --detailed-exitcode: no changes)
-  1  error: invalid input, failed checks, unreachable host
-  2  with --detailed-exitcode: success, and the plan has changes
-  3  apply failed; the previous release was restored and is healthy
-  4  apply failed and restoring the previous release failed too
-  5  the host is locked by another dsv4ctl run
-  6  the saved plan is stale or was already applied
-  130 interrupted (Ctrl-C); the release journal records where it stopped
-"""
+EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
+    f"  {int(code):<3} {meaning.replace('`', '')}" for code, meaning in EXIT_CODE_MEANINGS.items())
 
 # Command modules, each with ``register(group)``. Order is the order of `dsv4ctl --help`.
 COMMAND_MODULES = (
@@ -67,22 +59,38 @@ def _register_all() -> None:
 _register_all()
 
 
+def _json_error(code: int, message: str, fix: str | None = None,
+                problems: Sequence[Problem] = ()) -> None:
+    """A failure of a ``--format json`` run, as JSON on stdout (where the caller's parser reads)."""
+    import json
+
+    data = {"ok": False, "exit_code": code, "error": {
+        "message": message, "fix": fix,
+        "problems": [{"location": p.location(), "path": p.path, "value": p.value,
+                      "message": p.message, "fix": p.fix, "file": p.file, "line": p.line,
+                      "column": p.column} for p in problems]}}
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run dsv4ctl; returns the exit code instead of exiting (for tests and embedding)."""
     route_library_logs(False)
+    FORMAT.set("text")
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="dsv4ctl",
                           standalone_mode=False)
     except DsvError as exc:
-        click.echo(exc.render(), err=True)
+        if FORMAT.get() == "json":
+            _json_error(int(exc.exit_code), exc.message, exc.fix,
+                        exc.problems if isinstance(exc, InputError) else ())
+        echo(exc.render(), err=True)
         return int(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        return int(ExitCode.INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        echo("interrupted", err=True)
         return int(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
+        if FORMAT.get() == "json":
+            _json_error(int(ExitCode.ERROR), exc.format_message())
         exc.show()
         # click uses 2 for usage errors; 2 means "changes present" here, so usage errors map to 1.
         return int(ExitCode.ERROR)

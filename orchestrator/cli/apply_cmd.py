@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.options import verbose_option
+from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 _inventory_opt = click.option(
@@ -37,7 +38,7 @@ def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         from orchestrator.remote.connection import accept_new_host_keys
 
-        click.echo("--accept-new-host-key: a host key never seen before will be accepted and "
+        echo("--accept-new-host-key: a host key never seen before will be accepted and "
                    "recorded (a changed key is still refused)", err=True)
         with accept_new_host_keys():
             return fn(*args, **kwargs)
@@ -50,7 +51,7 @@ def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _echo(line: str) -> None:
-    click.echo(line)
+    echo(line)
     sys.stdout.flush()
 
 
@@ -198,7 +199,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
         saved = False
         from orchestrator.planner.report import render_text
 
-        click.echo(render_text(plan), nl=False)  # what is about to happen, as `plan` shows it
+        echo(render_text(plan), nl=False)  # what is about to happen, as `plan` shows it
         if plan.errors:
             raise DsvError("the plan has errors; nothing was applied",
                            fix="fix the profile; `dsv4ctl plan` shows the checks")
@@ -248,11 +249,12 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
               default=None, help="Profile whose host to use (instead of --host).")
 @_inventory_opt
 @_host_opt
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@format_option(("text", "json"))
+@json_alias_option()
 @accept_new_host_key_opt
 @verbose_option()
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
-            as_json: bool) -> int:
+            fmt: str) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
     (recall, tok/s, TTFT), rollbacks."""
     import dataclasses
@@ -263,8 +265,8 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
 
     name, host = resolve_host(profile_path, inventory, host_name)
     rows = get_history(name, host)
-    if as_json:
-        click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    if chosen_format(fmt) == "json":
+        echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2), raw=True)
         return 0
     if not rows:
         _echo(f"no releases on host '{name}'")
@@ -294,10 +296,9 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
               default=None, help="Profile whose host to use (instead of --host).")
 @_inventory_opt
 @_host_opt
-@click.option("--format", "fmt", type=click.Choice(["text", "prometheus", "json"]),
-              default="text", show_default=True,
-              help="prometheus: dsv4ctl's own metrics (the node-exporter textfile's, plus "
-                   "dsv4ctl_role_healthy per role right now).")
+@format_option(("text", "json", "prometheus"),
+               help_text="prometheus: dsv4ctl's own metrics (the node-exporter textfile's, plus "
+                         "dsv4ctl_role_healthy per role right now).")
 @accept_new_host_key_opt
 @verbose_option()
 def status(profile_path: Path | None, inventory: Path | None, host_name: str | None,
@@ -315,12 +316,12 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
     if fmt == "prometheus":
         from orchestrator.monitoring.selfmetrics import status_text
 
-        click.echo(status_text(rep.metrics, rep.roles_healthy()), nl=False)
+        echo(status_text(rep.metrics, rep.roles_healthy()), nl=False, raw=True)
         return code
     if fmt == "json":
         import json
 
-        click.echo(json.dumps({
+        echo(raw=True, message=json.dumps({
             "host": rep.host, "deployment": rep.deployment, "current": rep.current,
             "current_status": rep.current_status, "locked_by": rep.locked_by,
             "healthy": rep.healthy,

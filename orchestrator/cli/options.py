@@ -41,3 +41,25 @@ def verbose_option(help_text: str = "Show what libraries log (SSH handshakes) on
 
     return click.option("-v", "--verbose", is_flag=True, callback=_set, expose_value=False,
                         help=help_text)
+
+
+class TokenCount(click.ParamType):
+    """A token count on the command line: ``4096``, ``64K`` (x1024) or ``1M`` (x1048576), as in
+    profiles (:func:`orchestrator.profile.types.parse_tokens` is the one parser)."""
+
+    name = "tokens"
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from orchestrator.profile.types import parse_tokens
+
+        try:
+            n = parse_tokens(value if isinstance(value, str) else str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if not isinstance(n, int) or not self.lo <= n <= self.hi:
+            self.fail(f"{value} is not a token count in {self.lo:,}..{self.hi:,}", param, ctx)
+        return n
+

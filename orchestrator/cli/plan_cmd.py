@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.apply_cmd import accept_new_host_key_opt
+from orchestrator.cli.output import echo, format_option, table
 from orchestrator.errors import ExitCode
 
 
@@ -32,7 +33,8 @@ _inventory_opt = click.option(
 @_profile_arg(required=False)
 @_inventory_opt
 @click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
-def validate(profile: Path | None, inventory: Path | None, verbose: bool) -> int:
+@format_option(("text", "json"))
+def validate(profile: Path | None, inventory: Path | None, verbose: bool, fmt: str) -> int:
     """Check a profile without a host: its shape, and every check `plan` makes that needs no host
     facts (catalog ids and enums, engine rules and flags, topology, ports).
 
@@ -45,15 +47,20 @@ def validate(profile: Path | None, inventory: Path | None, verbose: bool) -> int
 
     path = profile or default_profile()
     p, checks = check_profile(path, inventory)
+    errors = [c for c in checks if c.severity == "error" and not c.acknowledged]
+    if fmt == "json":
+        echo(json.dumps({"ok": not errors, "profile": str(path), "name": p.name,
+                         "checks": [c.model_dump(mode="json") for c in checks]},
+                        indent=2, sort_keys=True), raw=True)
+        return int(ExitCode.ERROR) if errors else 0
     shown = [c for c in checks if verbose or c.severity != "info"]
     for c in shown:
         for line in check_lines(c, verbose=verbose):
-            click.echo(line)
-    errors = [c for c in checks if c.severity == "error" and not c.acknowledged]
+            echo(line)
     if errors:
-        click.echo(f"{path}: {len(errors)} error(s); `dsv4ctl plan` would refuse it too")
+        echo(f"{path}: {len(errors)} error(s); `dsv4ctl plan` would refuse it too")
         return int(ExitCode.ERROR)
-    click.echo(f"{path}: valid profile '{p.name}' ({p.topology.mode}, model {p.model.variant})")
+    echo(f"{path}: valid profile '{p.name}' ({p.topology.mode}, model {p.model.variant})")
     return 0
 
 
@@ -75,7 +82,7 @@ def schema(inventory_schema: bool) -> int:
         from orchestrator.planner.jsonschema import profile_schema
 
         data = profile_schema()
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+    echo(json.dumps(data, indent=2, sort_keys=True), raw=True)
     return 0
 
 
@@ -84,8 +91,7 @@ def schema(inventory_schema: bool) -> int:
 @_inventory_opt
 @click.option("--host", "live_host", metavar="NAME", default=None,
               help="Probe this inventory host over SSH and plan against its live facts.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
-              show_default=True, help="json is versioned (field 'format'); markdown suits PR comments.")
+@format_option(help_text="json is versioned (field 'format'); markdown suits PR comments.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Save the plan (with file contents) for `dsv4ctl apply PLAN.json`.")
 @click.option("--detailed-exitcode", is_flag=True,
@@ -123,23 +129,23 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fm
 
         save_plan(result, out)
     if fmt == "json":
-        click.echo(render_json(result), nl=False)
+        echo(render_json(result), nl=False, raw=True)
     elif fmt == "markdown":
-        click.echo(render_markdown(result), nl=False)
+        echo(render_markdown(result), nl=False)
         if explain:
             from orchestrator.planner.explain import render_explain
 
-            click.echo(f"<details><summary>Explain</summary>\n\n```\n{render_explain(result)}"
+            echo(f"<details><summary>Explain</summary>\n\n```\n{render_explain(result)}"
                        "```\n\n</details>")
     else:
-        click.echo(render_text(result, verbose=verbose), nl=False)
+        echo(render_text(result, verbose=verbose), nl=False)
         if explain:
             from orchestrator.planner.explain import render_explain
 
-            click.echo("\nExplain:")
-            click.echo(render_explain(result), nl=False)
+            echo("\nExplain:")
+            echo(render_explain(result), nl=False)
         if out is not None:
-            click.echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
+            echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
     if result.errors:
         return int(ExitCode.ERROR)
     if detailed_exitcode and result.has_changes:
@@ -149,13 +155,31 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fm
 
 @click.command()
 @click.argument("what", type=click.Choice(["models", "gpus", "engines"]), default="models")
-def catalog(what: str) -> int:
+@format_option(("text", "json"))
+def catalog(what: str, fmt: str) -> int:
     """List what the catalog knows: model variants, GPUs or engine versions."""
     from orchestrator.catalog import load_catalog
 
     cat = load_catalog()
-    for line in cat.describe(what):
-        click.echo(line)
+    if what == "models":
+        headers = ["variant", "checkpoint", "experts", "rest", "size", "modules"]
+        rows = [[v.id, v.hf_repo, v.expert_format, v.dense_format,
+                 f"{v.checkpoint_bytes.value / 1e9:.1f} GB ({v.checkpoint_bytes.confidence})",
+                 "+".join(v.modules)] for v in cat.variants]
+    elif what == "gpus":
+        headers = ["gpu", "arch", "memory", "bandwidth", "link", "nvidia-smi names"]
+        rows = [[g.id, g.arch, f"{g.memory_mib.value:,} MiB", f"{g.memory_bandwidth_gbps.value} GB/s",
+                 "NVLink" if g.nvlink else "PCIe",
+                 ", ".join(f"{n.value} ({n.confidence})" for n in g.nvidia_smi_names)]
+                for g in cat.gpus]
+    else:
+        headers = ["package", "version", "kind"]
+        rows = ([[e.engine, e.version, "engine"] for e in cat.engines]
+                + [[r.engine, r.version, "router"] for r in cat.routers])
+    if fmt == "json":
+        echo(json.dumps([dict(zip(headers, r, strict=True)) for r in rows], indent=2), raw=True)
+    else:
+        table(headers, rows)
     return 0
 
 

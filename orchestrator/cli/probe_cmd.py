@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from orchestrator.cli.options import TokenCount
+from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
 from orchestrator.errors import DsvError, ExitCode
 
 
@@ -27,21 +29,17 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def _lengths(text: str) -> list[int]:
+    from orchestrator.profile.types import parse_tokens
+
     out = []
     for x in text.split(","):
-        x = x.strip().lower()
-        if not x:
+        if not x.strip():
             continue
-        mult = 1
-        if x.endswith("k"):
-            mult, x = 1000, x[:-1]
-        elif x.endswith("m"):
-            mult, x = 1_000_000, x[:-1]
         try:
-            out.append(int(float(x) * mult))
-        except ValueError:
-            raise DsvError(f"--lengths {text!r}: {x!r} is not a number of tokens",
-                           fix="e.g. --lengths 1k,4k,16k,64k") from None
+            out.append(int(parse_tokens(x.strip())))  # type: ignore[call-overload]
+        except (ValueError, TypeError):
+            raise DsvError(f"--lengths {text}: '{x.strip()}' is not a number of tokens",
+                           fix="e.g. --lengths 1K,4K,16K,64K (K = 1024, M = 1024*1024)") from None
     return out
 
 
@@ -63,7 +61,8 @@ _common = [
                  help="Seconds to wait for any single read."),
     click.option("--deadline", default=3600.0, show_default=True, type=click.FloatRange(min=1),
                  help="Seconds any one request (a streamed one included) may take in all."),
-    click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    format_option(("text", "json")),
+    json_alias_option(),
 ]
 
 
@@ -81,18 +80,18 @@ def probe() -> None:
 @probe.command("recall")
 @_with_common
 @click.option("--lengths", default="1k,2k,4k,8k,16k,32k,64k", show_default=True,
-              help="Context lengths in tokens (k/M suffixes allowed), comma-separated.")
+              help="Context lengths in tokens (K = 1024, M = 1024*1024), comma-separated.")
 @click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True,
               help="Needle depths as fractions of the document (0 start, 1 end).")
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 256),
               help="Grid cells in flight at once.")
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1, 8192))
+@click.option("--max-tokens", default=64, show_default=True, type=TokenCount(1, 8192))
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a PNG heatmap (green recalled, red missed, grey error).")
 @click.option("--min-full-recall", type=int, default=None,
               help="Exit 1 unless every cell up to this length is recalled.")
 def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
-             deadline: float, as_json: bool,
+             deadline: float, fmt: str,
                lengths: str, depths: str, concurrency: int, max_tokens: int, plot: Path | None,
                min_full_recall: int | None) -> int:
     """Needle-in-a-haystack recall over a grid of context lengths and depths.
@@ -124,9 +123,12 @@ def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
         except OSError as exc:
             raise DsvError(f"cannot write --plot {plot}: {exc.strerror or exc}",
                            fix="choose a writable path") from None
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.table())
-    if plot is not None and not as_json:
-        click.echo(f"plot written to {plot}")
+    if chosen_format(fmt) == "json":
+        echo(json.dumps(report.as_dict(), indent=2), raw=True)
+    else:
+        echo(report.table())
+    if plot is not None and chosen_format(fmt) != "json":
+        echo(f"plot written to {plot}")
     best = report.longest_full_recall
     if min_full_recall is not None and (best is None or best < min_full_recall):
         return int(ExitCode.ERROR)
@@ -163,15 +165,15 @@ class _Bar:
               help="Requests in flight at once (closed loop).")
 @click.option("--duration", "-d", default=30.0, show_default=True,
               type=click.FloatRange(min=0.1), help="Seconds to keep sending new requests.")
-@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1, 65536),
+@click.option("--max-tokens", default=256, show_default=True, type=TokenCount(1, 65536),
               help="Output tokens per request (ignore_eos: every answer is this long).")
-@click.option("--prompt-tokens", default=512, show_default=True, type=click.IntRange(1, 10**6),
+@click.option("--prompt-tokens", default=512, show_default=True, type=TokenCount(1, 10**6),
               help="Approximate prompt length per request.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @click.option("--min-tok-s", type=float, default=None,
               help="Exit 1 if output tokens/s falls below this.")
 def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
-             deadline: float, as_json: bool,
+             deadline: float, fmt: str,
              concurrency: int, duration: float, max_tokens: int, prompt_tokens: int,
              no_progress: bool, min_tok_s: float | None) -> int:
     """Closed-loop streaming load: output tok/s, requests/s, TTFT and inter-token latency.
@@ -196,7 +198,10 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
     finally:
         if bar is not None:
             bar.close()
-    click.echo(json.dumps(report.figures(), indent=2) if as_json else report.table())
+    if chosen_format(fmt) == "json":
+        echo(json.dumps(report.figures(), indent=2), raw=True)
+    else:
+        echo(report.table())
     if report.requests_ok == 0:
         raise DsvError(f"no request succeeded: {report.errors[0] if report.errors else '?'}",
                        fix="check the server's log and `dsv4ctl probe chat`")
@@ -215,7 +220,7 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
 @click.option("--top-p", "expect_top_p", default=None, type=float,
               help="Expected default top_p. Default: the profile's, else 0.95.")
 def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
-             deadline: float, as_json: bool,
+             deadline: float, fmt: str,
              profile_path: Path | None, expect_temperature: float | None,
              expect_top_p: float | None) -> int:
     """Check reasoning separation, parsed tool calls and sampling defaults.
@@ -247,11 +252,11 @@ def chat_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
         return await run_chat(ep, name, temperature=expect_temperature, top_p=expect_top_p)
 
     report = run_sync(go())
-    if as_json:
-        click.echo(json.dumps({"passed": report.passed,
+    if chosen_format(fmt) == "json":
+        echo(raw=True, message=json.dumps({"passed": report.passed,
                                "checks": [c.__dict__ for c in report.checks]}, indent=2))
     else:
-        click.echo(report.table())
+        echo(report.table())
     return 0 if report.passed else int(ExitCode.ERROR)
 
 

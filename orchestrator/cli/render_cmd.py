@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator.cli.output import echo
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 
@@ -71,14 +72,15 @@ _inventory_opt = click.option(
 @_inventory_opt
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Write the release tree into this directory.")
-@click.option("--stdout", "to_stdout", is_flag=True,
-              help="Print every file of the tree, one after another (for review and git textconv).")
+@click.option("--stdout", "to_stdout", is_flag=True, hidden=True,
+              help="Print the tree (the default without -o); kept for old scripts.")
 @click.option("--textconv", is_flag=True,
               help="For git diff: print the profile followed by its rendered tree; a profile that "
                    "does not render prints its error instead of failing the whole git diff.")
 def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, to_stdout: bool,
            textconv: bool) -> int:
-    """Render the release tree a host would receive for PROFILE.
+    """Render the release tree a host would receive for PROFILE: into DIR with -o, else every file
+    of the tree to stdout, one after another (for review; `-` reads the profile from stdin).
 
     \b
     Layout (relative to <install_root>/releases/<id>/):
@@ -93,29 +95,27 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
     """
     from orchestrator.paths import default_profile
 
-    if not (out_dir or to_stdout or textconv):
-        raise DsvError("nothing to do: give -o DIR, --stdout or --textconv",
-                       fix="dsv4ctl render profiles/x.yaml -o out/")
+    to_stdout = to_stdout or out_dir is None
     path = profile or default_profile()
     text = _read(path)
     if textconv:
-        click.echo(f"# ---- {path.name} (profile source) ----\n{text.rstrip()}\n")
+        echo(f"# ---- {path.name} (profile source) ----\n{text.rstrip()}\n", raw=True)
         try:
             side = _Side(text, str(path), path, inventory, want_plan=False)
         except DsvError as exc:
-            click.echo(f"# ---- rendering failed ----\n{exc.render()}")
+            echo(f"# ---- rendering failed ----\n{exc.render()}", raw=True)
             return 0
-        click.echo("# ---- rendered release tree ----")
-        click.echo(side.tree.to_text(), nl=False)
+        echo("# ---- rendered release tree ----", raw=True)
+        echo(side.tree.to_text(), nl=False, raw=True)
         return 0
     side = _Side(text, str(path), path, inventory, want_plan=False)
     if to_stdout:
-        click.echo(side.tree.to_text(), nl=False)
+        echo(side.tree.to_text(), nl=False, raw=True)
     if out_dir is not None:
         _prepare_out_dir(out_dir, set(side.tree.all_files()))
         written = side.tree.write(out_dir)
         restarts = sorted({r for f in side.tree.files.values() for r in f.roles})
-        click.echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
+        echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
                    f"(tree {side.tree.digest()}; roles {', '.join(restarts)})",
                    err=to_stdout)
     return 0
@@ -225,7 +225,7 @@ def diff(profiles: tuple[Path, ...], rev: str | None, inventory: Path | None, co
                roles_a=roles_a, roles_b=roles_b, plans=plans, context=context)
     fmt_fn = format_markdown if fmt == "markdown" else format_text
     text = fmt_fn(d, verbose=verbose)
-    click.echo(text, nl=False)
+    echo(text, nl=False)
     if detailed_exitcode and d.has_changes:
         return int(ExitCode.CHANGES)
     return 0

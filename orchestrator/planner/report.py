@@ -190,12 +190,13 @@ def render_markdown(plan: Plan) -> str:
         lines.append("")
     shown = [c for c in plan.checks if c.severity != "info"]
     if shown:
-        lines += ["| severity | check | message | fix |", "|---|---|---|---|"]
+        # a list, not a table: a message is a paragraph, and a table row cannot wrap in a pipe
         for c in shown:
-            sev = c.severity + (" (ack)" if c.acknowledged else "")
-            msg = c.message.replace("|", "\\|")
-            fix = (c.fix or "").replace("|", "\\|")
-            lines.append(f"| {sev} | `{c.id}` | {msg} | {fix} |")
+            sev = c.severity + (" (acknowledged)" if c.acknowledged else "")
+            where = f" at `{c.location}`" if c.location else ""
+            lines.append(f"- **{sev}** `{c.id}`{where}: {c.message}")
+            if c.fix and not c.acknowledged:
+                lines.append(f"  fix: {c.fix}")
         lines.append("")
     if plan.actions:
         lines += ["<details><summary>Changes</summary>", "", "```diff"]

@@ -330,7 +330,18 @@ def load_text(model: type[M], text: str, filename: str = "<input>") -> M:
     return validate(model, data, node, filename)
 
 
+STDIN = "-"  # a profile path of "-" reads the profile from standard input
+
+
 def read_file(path: Path) -> str:
+    if str(path) == STDIN:
+        import sys
+
+        try:
+            return sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(kind="<stdin>", problems=[Problem(
+                "", f"cannot read standard input: {exc}", file="<stdin>")]) from None
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

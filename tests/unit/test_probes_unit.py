@@ -124,7 +124,8 @@ def test_png_heatmap_encodes_the_grid() -> None:
 
 
 def test_lengths_option_parsing() -> None:
-    assert _lengths("1k, 2.5k,1M,300") == [1000, 2500, 1_000_000, 300]
+    # one convention for token counts everywhere (profiles too): K = 1024, M = 1024 * 1024
+    assert _lengths("1k, 2.5k,1M,300") == [1024, 2560, 1_048_576, 300]
     with pytest.raises(DsvError):
         _lengths("1k,lots")
 

@@ -50,9 +50,9 @@ def test_render_default_profile_and_stdout() -> None:
     assert "==> manifest.json" in stdout
 
 
-def test_render_needs_a_destination() -> None:
-    rc, _, err = _invoke("render", str(PROFILES / "default.yaml"))
-    assert rc == 1 and "-o DIR" in err
+def test_render_without_a_destination_prints_the_tree() -> None:
+    rc, out, _ = _invoke("render", str(PROFILES / "default.yaml"))
+    assert rc == 0 and "units/dsv4-default-decode.service" in out
 
 
 def test_render_reports_invalid_profile_with_location(tmp_path: Path) -> None:

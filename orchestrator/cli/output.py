@@ -1,0 +1,159 @@
+"""Everything dsv4ctl prints goes through here: fitted to the terminal, 100 columns in a pipe,
+coloured on a terminal only.
+
+Owns the output width and colour. rich decides what the stream is: a terminal gets its width and
+colour (``NO_COLOR`` turns colour off, as https://no-color.org asks; rich honours it), a pipe or file
+gets no colour and :data:`PIPE_WIDTH` columns. Long lines are folded at word boundaries with a
+hanging indent that keeps the line's own indentation, so a check's message stays under its title.
+Machine output (JSON, Prometheus text, a release tree's file contents) is written ``raw``: unfolded
+and uncoloured, byte for byte.
+
+``--format json`` commands also record the format here, so the error boundary
+(:func:`orchestrator.cli.main`) can answer a failure as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import sys
+import textwrap
+from typing import IO, Any
+
+import click
+
+PIPE_WIDTH = 100  # columns when stdout is not a terminal (logs, CI, `| cat`)
+MAX_WIDTH = 120  # even on a wide terminal: prose longer than this is hard to read
+
+FORMAT: contextvars.ContextVar[str] = contextvars.ContextVar("dsv4ctl_format", default="text")
+
+# What gets a colour on a terminal (the words are the same in every command's text output).
+_STYLES = (
+    (re.compile(r"\bx error\b|\bFAILED\b|\bSHORT\b|^error:|✗"), "bold red"),
+    (re.compile(r"! warning\b|\bdrift\b"), "yellow"),
+    (re.compile(r"i info\b"), "dim"),
+    (re.compile(r"^\s+(\+>?|\+) "), "green"),
+    (re.compile(r"^\s+(-<?|-) "), "red"),
+    (re.compile(r"^\s+(~>?|~) "), "yellow"),
+    (re.compile(r"✓|\bhealthy\b|\bvalid profile\b"), "green"),
+    (re.compile(r"^\s*fix: "), "cyan"),
+    (re.compile(r"^(Plan|Diff):.*$"), "bold"),
+)
+
+
+def _console(err: bool) -> Any:
+    from rich.console import Console  # imported on first output: `dsv4ctl --help` needs none
+
+    file: IO[str] = sys.stderr if err else sys.stdout
+    console = Console(file=file, highlight=False, soft_wrap=True, emoji=False, markup=False)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def width(err: bool = False) -> int:
+    c = _console(err)
+    return min(c.width, MAX_WIDTH) if c.is_terminal else PIPE_WIDTH
+
+
+def fold(line: str, cols: int) -> list[str]:
+    """``line`` in pieces of at most ``cols`` columns, continuation lines indented 4 more than
+    the line itself. Words longer than a line (a URL, a path) are split rather than overflow."""
+    if len(line) <= cols:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    # markdown list items continue under their text; everything else 4 columns in
+    markdown = line.lstrip().startswith(("- ", "* ", "| "))
+    hang = (indent + ("  " if markdown else "    "))[: max(0, cols // 2)]
+    return textwrap.wrap(line, width=cols, initial_indent="", subsequent_indent=hang,
+                         break_long_words=True, break_on_hyphens=False, drop_whitespace=True,
+                         replace_whitespace=False) or [line[:cols]]
+
+
+def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool = False) -> None:
+    """Print ``message``: folded to the width and coloured on a terminal, unless ``raw``."""
+    text = "" if message is None else str(message)
+    if raw:
+        click.echo(text, nl=nl, err=err)
+        return
+    console = _console(err)
+    cols = min(console.width, MAX_WIDTH) if console.is_terminal else PIPE_WIDTH
+    lines = text.split("\n")
+    trailing = text.endswith("\n")
+    if trailing:
+        lines = lines[:-1]
+    out: list[str] = []
+    for line in lines:
+        out += fold(line.rstrip(), cols)
+    body = "\n".join(out) + ("\n" if trailing or nl else "")
+    if not (console.is_terminal and console.color_system) or console.no_color:
+        click.echo(body, nl=False, err=err)
+        return
+    from rich.text import Text
+
+    for i, line in enumerate(body.split("\n")):
+        if i:
+            console.file.write("\n")
+        if line:
+            t = Text(line)
+            for pattern, style in _STYLES:
+                for m in pattern.finditer(line):
+                    t.stylize(style, m.start(), m.end())
+            console.print(t, end="")
+    console.file.flush()
+
+
+def format_option(choices: tuple[str, ...] = ("text", "json", "markdown"), default: str = "text",
+                  help_text: str | None = None) -> Any:
+    """``--format`` spelled the same on every command; the choice is remembered for the error
+    boundary (a failed ``--format json`` run answers in JSON on stdout)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        FORMAT.set(value)
+        return value
+
+    return click.option("--format", "fmt", type=click.Choice(list(choices)), default=default,
+                        show_default=True, callback=remember, is_eager=True,
+                        help=help_text or "Output format.")
+
+
+def json_alias_option() -> Any:
+    """The old ``--json`` flag of some commands: hidden, deprecated, the same as ``--format json``."""
+
+    def alias(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            click.echo("warning: --json is deprecated; use --format json", err=True)
+            FORMAT.set("json")
+        return value
+
+    return click.option("--json", "json_alias", is_flag=True, hidden=True, callback=alias,
+                        expose_value=False)
+
+
+def chosen_format(fmt: str) -> str:
+    """The command's format after a deprecated alias may have chosen json."""
+    return "json" if FORMAT.get() == "json" else fmt
+
+
+def table(headers: list[str], rows: list[list[str]], *, err: bool = False,
+          no_wrap: tuple[int, ...] = (0,)) -> None:
+    """A table fitted to the width (cells wrap instead of the line overflowing), via rich.
+    Columns in ``no_wrap`` (ids) keep their values whole."""
+    from rich import box
+    from rich.table import Table
+
+    console = _console(err)
+    console.width = width(err)
+    tty = console.is_terminal
+    t = Table(box=box.SIMPLE_HEAD if tty else None, show_edge=False, pad_edge=False,
+              header_style="bold" if tty else "", padding=(0, 1) if tty else (0, 2, 0, 0))
+    for i, h in enumerate(headers):
+        t.add_column(h, overflow="fold", no_wrap=i in no_wrap)
+    for r in rows:
+        t.add_row(*r)
+    if tty:
+        console.print(t)
+        return
+    with console.capture() as cap:
+        console.print(t)
+    click.echo("\n".join(line.rstrip() for line in cap.get().splitlines()), err=err)
