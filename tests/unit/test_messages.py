@@ -100,3 +100,16 @@ def test_no_check_points_outside_the_repository_or_prints_a_repr(tmp_path_factor
             assert not OUTSIDE.search(text), (c.id, text)
         for text in (c.message, c.fix or ""):
             assert not REPR.search(text), (c.id, text)
+
+
+def test_every_known_bad_fix_is_said_in_profile_terms() -> None:
+    """A fix names what to write in the profile (or inventory), not an engine flag or environment
+    variable the operator has no way to set through dsv4ctl."""
+    from orchestrator.catalog import load_catalog
+
+    fields = ("moe.", "attention.", "model.", "topology.", "kernels.", "serving.", "extra_args",
+              "attn_dp", "inventory", "none known")
+    for engine in load_catalog().engines:
+        for kb in engine.known_bad:
+            assert any(f in kb.fix for f in fields), (kb.id, kb.fix)
+            assert not kb.fix.startswith(("use --", "render --", "leave --", "set SGLANG_")), kb.id
