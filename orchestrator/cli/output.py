@@ -157,3 +157,35 @@ def table(headers: list[str], rows: list[list[str]], *, err: bool = False,
     with console.capture() as cap:
         console.print(t)
     click.echo("\n".join(line.rstrip() for line in cap.get().splitlines()), err=err)
+
+
+class Progress:
+    """Progress of a long command on stderr: a rich progress bar on a terminal; in a pipe (CI
+    logs) one plain line per tenth of the way, so a log shows progress without redraw codes."""
+
+    def __init__(self, label: str, total: float) -> None:
+        self.label, self.total = label, total
+        self._console = _console(err=True)
+        self._decile = -1
+        self._bar: Any = None
+        if self._console.is_terminal:
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
+                                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                     console=self._console)
+            self._task = self._bar.add_task(label, total=total, status="")
+            self._bar.start()
+
+    def update(self, done: float, status: str = "") -> None:
+        frac = min(1.0, done / self.total) if self.total else 1.0
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(done, self.total), status=status)
+        elif int(frac * 10) > self._decile:
+            self._decile = int(frac * 10)
+            echo(f"{self.label}: {frac:4.0%} {status}".rstrip(), err=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

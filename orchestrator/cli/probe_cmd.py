@@ -9,14 +9,19 @@ CLI's one error boundary; a probe that ran but found a failure exits 1.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from orchestrator.cli.options import TokenCount
-from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
+from orchestrator.cli.output import (
+    Progress,
+    chosen_format,
+    echo,
+    format_option,
+    json_alias_option,
+)
 from orchestrator.errors import DsvError, ExitCode
 
 
@@ -108,14 +113,22 @@ def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
     ep = _endpoint(url, api_key, timeout, deadline)
     grid_l, grid_d = _lengths(lengths), _floats(depths, "depths")
 
+    cells = Progress("recall", len(grid_l) * len(grid_d))
+    done: list[Any] = []
+
+    def on_cell(c: Any) -> None:
+        done.append(c)
+        cells.update(len(done), f"{len(done)}/{cells.total:g} cells")
+
     async def go() -> Any:
         name = await resolve_model(ep, model)
         return await run_recall(ep, name, grid_l, grid_d, concurrency=concurrency,
-                                max_tokens=max_tokens,
-                                on_cell=lambda c: click.echo(".", nl=False, err=True))
+                                max_tokens=max_tokens, on_cell=on_cell)
 
-    report = run_sync(go())
-    click.echo("", err=True)
+    try:
+        report = run_sync(go())
+    finally:
+        cells.close()
     if plot is not None:
         values = {(c.length, c.depth): (None if c.error else c.recalled) for c in report.cells}
         try:
@@ -136,27 +149,18 @@ def recall_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
 
 
 class _Bar:
-    """A one-line progress bar on stderr (redrawn in place on a terminal, else every 10%)."""
+    """probe load's progress: elapsed of the duration, requests, tok/s, requests in flight."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last_decile = -1
+    def __init__(self, duration_s: float) -> None:
+        self.progress = Progress("load", duration_s)
 
     def __call__(self, p: Any) -> None:
-        frac = min(1.0, p.elapsed_s / p.duration_s) if p.duration_s else 1.0
-        filled = int(frac * 30)
         rate = p.output_tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
-        line = (f"[{'#' * filled}{'.' * (30 - filled)}] {p.elapsed_s:5.1f}/{p.duration_s:g}s "
-                f"{p.requests:5d} req {rate:8.1f} tok/s {p.in_flight:3d} in flight")
-        if self.tty:
-            click.echo("\r" + line, nl=False, err=True)
-        elif int(frac * 10) > self.last_decile:
-            self.last_decile = int(frac * 10)
-            click.echo(line, err=True)
+        self.progress.update(p.elapsed_s, f"{p.requests} req, {rate:.1f} tok/s, "
+                                          f"{p.in_flight} in flight")
 
     def close(self) -> None:
-        if self.tty:
-            click.echo("", err=True)
+        self.progress.close()
 
 
 @probe.command("load")
@@ -186,7 +190,7 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
     from orchestrator.probes.qualify import run_sync
 
     ep = _endpoint(url, api_key, timeout, deadline)
-    bar = None if no_progress else _Bar()
+    bar = None if no_progress else _Bar(duration)
 
     async def go() -> Any:
         name = await resolve_model(ep, model)

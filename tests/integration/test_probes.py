@@ -134,7 +134,7 @@ def test_cli_probe_commands(sims: Sims, capsys: pytest.CaptureFixture[str],
     assert main(["probe", "recall", "--url", good, "--model", MODEL, "--lengths", "1k,4k,8k",
                  "--depths", "0,1", "--plot", str(png), "--min-full-recall", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "longest length with full recall: 4000 tokens" in out
+    assert "longest length with full recall: 4096 tokens" in out  # 4k = 4 x 1024
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert main(["probe", "recall", "--url", good, "--lengths", "1k,8k", "--depths", "0.5",
                  "--min-full-recall", "8000"]) == 1

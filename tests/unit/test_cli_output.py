@@ -118,3 +118,22 @@ def test_render_without_out_prints_the_tree(capsys: pytest.CaptureFixture[str]) 
     assert main(["render", SHIPPED[0]]) == 0
     out = capsys.readouterr().out
     assert "units/dsv4-" in out and "bin/launch-" in out
+
+
+def test_progress_is_a_bar_on_a_terminal_and_tenths_in_a_pipe(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli.output import Progress
+
+    p = Progress("load", 20.0)
+    for i in range(21):
+        p.update(i, f"{i} req")
+    p.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "load:   0% 0 req" and lines[-1] == "load: 100% 20 req" and len(lines) == 11
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    p = Progress("load", 2.0)
+    p.update(1.0, "1 req")
+    p.close()
+    assert "━" in tty.getvalue() and "1 req" in tty.getvalue()  # rich's bar
