@@ -78,6 +78,8 @@ class Deployment(_Frozen):
     host: str
     scope: Literal["system", "user"]
     install_root: str
+    service_user: str
+    rdma: bool
     engine_name: str
     engine_version: str
     router_version: str
@@ -85,6 +87,7 @@ class Deployment(_Frozen):
     model_variant: str
     model_path: str
     served_name: str
+    trust_remote_code: bool
     model_revision: str | None
     expert_storage: str
     moe_runner_backend: str
@@ -185,6 +188,8 @@ def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk:
         host=host_name,
         scope=host.scope,
         install_root=host.install_root,
+        service_user=host.service_user,
+        rdma=host.rdma,
         engine_name=profile.engine.name,
         engine_version=profile.engine.version,
         router_version=profile.engine.router_version,
@@ -192,6 +197,7 @@ def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk:
         model_variant=profile.model.variant,
         model_path=profile.model.path,
         served_name=profile.model.served_name,
+        trust_remote_code=profile.model.trust_remote_code,
         model_revision=profile.model.revision,
         expert_storage=profile.model.expert_storage,
         moe_runner_backend=profile.moe.runner_backend,

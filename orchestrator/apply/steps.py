@@ -298,6 +298,26 @@ def _refuse_if_applied(ctx: Context, plan: Plan,
                         f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
 
 
+def ensure_service_user(ctx: Context) -> str:
+    """System scope: the units' ``User=`` (inventory ``service_user``) exists and is not root;
+    created as a system user without a home or login shell when missing (issue 19). User scope:
+    the units run as the SSH user, nothing to create."""
+    if ctx.host.scope != "system":
+        return ""
+    user = shlex.quote(ctx.host.service_user)
+    out = ctx.remote.check(
+        f"if id -u {user} >/dev/null 2>&1; then echo exists; else "
+        f"useradd --system --user-group --no-create-home --home-dir /nonexistent "
+        f"--shell /usr/sbin/nologin {user} && echo created; fi; id -u {user}",
+        timeout=60, what=f"checking or creating the service user {ctx.host.service_user}")
+    state, _, uid = out.strip().partition("\n")
+    if uid.strip() == "0":
+        raise StepFailed(f"host.service_user {ctx.host.service_user!r} has uid 0 on host "
+                         f"'{ctx.host_name}': the engines would run as root",
+                         fix="set service_user in the inventory to an unprivileged user")
+    return f"service user {ctx.host.service_user} (uid {uid.strip()}) {state}"
+
+
 def preflight(ctx: Context, step: Any) -> Outcome:
     from orchestrator.remote.probes import collect_facts
 
@@ -325,6 +345,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
     ctx.store.ensure_layout()
     ctx.store.clean_temp()
+    service_user_note = ensure_service_user(ctx)
     current = ctx.store.current()
     if current != plan.current_release:  # changed between planning/probing and the lock
         raise StalePlan(f"the host's current release is {current or 'none'}, the plan was made "
@@ -343,7 +364,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     not_running = sorted(r for r, u in units.items() if not (states.get(u) and states[u].running))
     if not ctx.roles_to_restart and not not_running and current is not None:
         return Outcome(finish="No changes.", detail="release files identical, all units running")
-    parts = []
+    parts = [service_user_note] if service_user_note else []
     if ctx.roles_to_restart:
         parts.append("restart " + ", ".join(sorted(ctx.roles_to_restart)))
     if not_running:

@@ -373,6 +373,9 @@ class EngineRules(_Strict):
     ports: dict[str, Fact[int]]
     defaults: dict[str, Fact[int | float | str]]
     endpoints: EngineEndpoints
+    # Whether a DeepSeek-V4 checkpoint needs --trust-remote-code to load under this engine version
+    # (issue 19: the flag was always on, letting a checkpoint directory run code as the engine).
+    trust_remote_code_needed: Fact[bool]
 
     def accepts(self, knob: str, value: object) -> bool:
         """Whether ``value`` is accepted for ``knob`` (raises KeyError for an unknown knob)."""

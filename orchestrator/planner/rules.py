@@ -56,6 +56,7 @@ def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             subject="attention.context_length", field="attention.context_length",
             source=cfg.max_position_embeddings.source))
     out += _speculative(engine, model, dep)
+    out += _trust_remote_code(engine, dep)
     # a field the engine rules already reject is not reported again as a flag of each command line
     reported = {c.field for c in out if c.severity == "error"}
     out += [c for c in _flags(dep, profile) if c.field not in reported]
@@ -102,6 +103,32 @@ def _bf16_gemms(cat: Catalog, model: ModelVariant, dep: Deployment, gpu: HostGpu
         "rows, 145 us at 64)",
         "set kernels.bf16_gemms: true", subject="kernels.bf16_gemms", field="kernels.bf16_gemms",
         source=_MHC_DOC)]
+
+
+def _trust_remote_code(engine: EngineRules, dep: Deployment) -> list[Check]:
+    """--trust-remote-code lets the checkpoint directory run Python as the engine: say whether
+    this checkpoint needs it, and refuse to start without it when it does."""
+    need = engine.trust_remote_code_needed
+    tool = f"{engine.engine} {engine.version}"
+    if need.value and not dep.trust_remote_code:
+        return [check("model.trust-remote-code", "error", "the checkpoint needs remote code",
+                      f"{tool} loads DeepSeek-V4 only with --trust-remote-code, and "
+                      "model.trust_remote_code is false", "set model.trust_remote_code: true if "
+                      "you trust the checkpoint's Python files", subject="model.trust_remote_code",
+                      field="model.trust_remote_code", source=need.source)]
+    if dep.trust_remote_code and not need.value:
+        return [check("model.trust-remote-code", "warning", "remote code enabled but not needed",
+                      f"model.trust_remote_code is true: the engine runs Python files from "
+                      f"{dep.model_path}, which {tool} does not need for DeepSeek-V4 "
+                      f"({need.confidence})", "set model.trust_remote_code: false unless this "
+                      "checkpoint ships code it needs", subject="model.trust_remote_code",
+                      field="model.trust_remote_code", source=need.source)]
+    state = "on" if dep.trust_remote_code else "off"
+    return [check("model.trust-remote-code", "info", "remote code",
+                  f"--trust-remote-code is {state}; {tool} "
+                  f"{'needs' if need.value else 'does not need'} it for DeepSeek-V4 "
+                  f"({need.confidence})", subject="model.trust_remote_code",
+                  field="model.trust_remote_code", source=need.source)]
 
 
 def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> list[Check]:

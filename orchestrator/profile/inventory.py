@@ -118,7 +118,20 @@ class Host(_Strict):
         description="Where releases/ and the current link live on the host: a dedicated directory "
         "owned by the SSH user or root and not writable by group or others (checked on the host).",
     )
+    service_user: UserName = Field(
+        default="dsv4",
+        description="Unprivileged user the engine and router run as (system scope: User= in the "
+        "units; apply creates it as a system user without a login shell if it is missing). In user "
+        "scope the units run as the SSH user, whose `systemd --user` manages them.",
+    )
     gpus: DeclaredGpus = Field(description="Declared GPUs, used when the host is not probed.")
+
+    @model_validator(mode="after")
+    def _service_user_not_root(self) -> Host:
+        if self.service_user == "root":
+            raise ValueError("service_user: root would run the engines with every privilege; "
+                             "name an unprivileged user (default dsv4)")
+        return self
     disks: list[DeclaredDisk] = Field(default_factory=list)
     models: list[PresentModel] = Field(
         default_factory=list, description="Checkpoints already present on the host."

@@ -62,6 +62,11 @@ class Model(_Strict):
     revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]{1,100}$")] | None = Field(
         default=None, description="Hugging Face revision (branch, tag or commit) to download."
     )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Pass --trust-remote-code: let the engine run Python code shipped in the "
+        "checkpoint directory. Off by default; `dsv4ctl plan` says whether the checkpoint needs it.",
+    )
     expert_storage: Literal["native", "fp8", "bf16"] = Field(
         default="native",
         description=(

@@ -215,6 +215,29 @@ def _unit_order(dep: Deployment, after: list[str]) -> list[str]:
     return lines
 
 
+# Device classes (/proc/devices) the engines open: /dev/nvidiactl, /dev/nvidia[0-9]*, and
+# /dev/nvidia-modeset share the nvidia-frontend major; /dev/nvidia-uvm(-tools); /dev/nvidia-caps/*.
+_GPU_DEVICES = ("char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw")
+_RDMA_DEVICES = ("char-infiniband_verbs rw", "char-infiniband_mad rw")  # mooncake/nixl over RDMA
+
+
+def _sandbox(dep: Deployment, role: str, *, gpus: bool) -> dict[str, object]:
+    """What the unit's sandbox (templates/sandbox.service.j2) needs: the user, the only paths it
+    writes, the devices it opens."""
+    root = dep.install_root
+    ro_home = any(p == h or p.startswith(h + "/") for p in (root, dep.engine_env, dep.model_path)
+                  for h in ("/home", "/root"))
+    devices = (_GPU_DEVICES + (_RDMA_DEVICES if dep.rdma else ())) if gpus else ()
+    return {
+        "service_user": unit_value(dep.service_user, "host.service_user"),
+        # read-only rather than hidden when the engine, the checkpoint or the root live there
+        "protect_home": "read-only" if ro_home else "yes",
+        "read_write_paths": [unit_path(f"{root}/logs", "host.install_root")],
+        "cache_directory": unit_value(f"dsv4-{dep.name}-{role}", "name"),
+        "device_allow": list(devices),
+    }
+
+
 def _common_unit(dep: Deployment, role: str) -> dict[str, object]:
     root = dep.install_root
     return {
@@ -269,6 +292,7 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         secrets_file=unit_path(secrets, "host.install_root"),
         timeout_start_s=profile.health.startup_timeout_s,
         **_common_unit(dep, role.name),
+        **_sandbox(dep, role.name, gpus=True),
     )
     pairs = secret_args(dep, dep.engine_name)
     program = ([*shim_program(f"{dep.engine_env}/bin/python", ENGINE_ENTRY, pairs), "serve"]
@@ -305,6 +329,7 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
         start_limit_interval_s=600,
         timeout_start_s=300,
         **_common_unit(dep, "router"),
+        **_sandbox(dep, "router", gpus=False),
     )
     launch = _render(
         env, "launch.sh.j2",

@@ -126,7 +126,10 @@ def engine_argv(dep: Deployment, role: RoleDeployment) -> list[str]:
     a: list[str] = [
         "--model-path", dep.model_path,
         "--served-model-name", dep.served_name,
-        "--trust-remote-code",
+    ]
+    if dep.trust_remote_code:  # runs code from the checkpoint dir: only when the profile asks
+        a.append("--trust-remote-code")
+    a += [
         "--host", ENGINE_HOST,
         "--port", str(role.port),
         "--tp-size", str(role.tp),

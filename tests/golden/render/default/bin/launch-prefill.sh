@@ -6,7 +6,6 @@ set -euo pipefail
 exec /opt/sglang/bin/sglang serve \
   --model-path /models/DeepSeek-V4-Flash-NVFP4 \
   --served-model-name deepseek-v4-flash \
-  --trust-remote-code \
   --host 127.0.0.1 \
   --port 30001 \
   --tp-size 4 \
