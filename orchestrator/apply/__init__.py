@@ -43,6 +43,8 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
                        f"now says {host.install_root} (scope {host.scope}) for host '{host_name}'",
                        fix=f"re-plan: dsv4ctl plan --host {host_name} -o PLAN.json")
     profile = profile_from_plan(plan)
+    if saved:
+        check_rederived(plan, profile, host_name, host)
     remote = _connect(host_name, host)
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
@@ -55,6 +57,41 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
             _publish_metrics(remote, host, profile, out)
         finally:
             remote.close()
+
+
+def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> None:
+    """A saved plan is input from a file, not a trusted value (issue 19): re-derive its deployment
+    (unit names, ports, paths) and its release files from its own ``profile.yaml`` and the
+    inventory, and refuse it as stale (exit 6) unless both match exactly. So a plan edited by hand
+    (a unit named ``dsv4-x$(touch …).service``, a changed launch script) never reaches the host."""
+    from orchestrator.errors import StalePlan
+    from orchestrator.planner.build import PlanContext, resolve_deployment
+    from orchestrator.render import render_release
+
+    fix = f"re-plan: dsv4ctl plan --host {host_name} -o PLAN.json (never edit a saved plan)"
+    try:
+        dep = resolve_deployment(PlanContext(profile, None, "", host_name, host, None))
+        tree = render_release(profile, dep)
+    except DsvError as exc:
+        raise StalePlan(f"saved plan is stale: its own profile no longer plans: {exc.message}",
+                        fix=fix) from None
+    if dep != plan.deployment:
+        a, b = dep.model_dump(mode="json"), plan.deployment.model_dump(mode="json")
+        fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        raise StalePlan("saved plan is stale: its deployment differs from the one its profile.yaml "
+                        f"resolves to (fields: {', '.join(fields)})", fix=fix)
+    import hashlib
+
+    want = {p: (f.mode, None if f.sensitive else f.sha256, f.sensitive, tuple(f.roles))
+            for p, f in tree.files.items()}
+    have = {f.path: (f.mode, None if f.content is None
+                     else hashlib.sha256(f.content.encode("utf-8")).hexdigest(),
+                     f.sensitive, tuple(f.roles)) for f in plan.files if f.path != "manifest.json"}
+    diff = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
+    if diff:
+        shown = ", ".join(repr(p) for p in diff[:5]) + (" ..." if len(diff) > 5 else "")
+        raise StalePlan(f"saved plan is stale: its files differ from what its profile.yaml renders: "
+                        f"{shown}", fix=fix)
 
 
 def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:

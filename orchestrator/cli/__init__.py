@@ -73,7 +73,15 @@ def _json_error(code: int, message: str, fix: str | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run dsv4ctl; returns the exit code instead of exiting (for tests and embedding)."""
+    """Run dsv4ctl; returns the exit code instead of exiting (for tests and embedding). Everything
+    printed is escaped for the terminal (:mod:`orchestrator.terminal`)."""
+    from orchestrator.terminal import escaped_output
+
+    with escaped_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     route_library_logs(False)
     FORMAT.set("text")
     try:

@@ -22,6 +22,8 @@ from typing import IO, Any
 
 import click
 
+from orchestrator.terminal import escape
+
 PIPE_WIDTH = 100  # columns when stdout is not a terminal (logs, CI, `| cat`)
 MAX_WIDTH = 120  # even on a wide terminal: prose longer than this is hard to read
 
@@ -44,7 +46,11 @@ _STYLES = (
 def _console(err: bool) -> Any:
     from rich.console import Console  # imported on first output: `dsv4ctl --help` needs none
 
-    file: IO[str] = sys.stderr if err else sys.stdout
+    from orchestrator.terminal import raw_stream
+
+    # rich writes its own colour codes: it gets the stream beneath the CLI's escaping one, and
+    # every text it prints is escaped here first (echo, table): orchestrator/terminal.py
+    file: IO[str] = raw_stream(sys.stderr if err else sys.stdout)
     console = Console(file=file, highlight=False, soft_wrap=True, emoji=False, markup=False)
     if not console.is_terminal:
         console.width = PIPE_WIDTH
@@ -95,7 +101,7 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         if i:
             console.file.write("\n")
         if line:
-            t = Text(line)
+            t = Text(escape(line))
             for pattern, style in _STYLES:
                 for m in pattern.finditer(line):
                     t.stylize(style, m.start(), m.end())
@@ -148,9 +154,9 @@ def table(headers: list[str], rows: list[list[str]], *, err: bool = False,
     t = Table(box=box.SIMPLE_HEAD if tty else None, show_edge=False, pad_edge=False,
               header_style="bold" if tty else "", padding=(0, 1) if tty else (0, 2, 0, 0))
     for i, h in enumerate(headers):
-        t.add_column(h, overflow="fold", no_wrap=i in no_wrap)
+        t.add_column(escape(h), overflow="fold", no_wrap=i in no_wrap)
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(escape(c) for c in r))
     if tty:
         console.print(t)
         return

@@ -157,7 +157,13 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
         raise DsvError(f"{path} is not inside a git repository: {exc.stderr.strip()}",
                        fix="use `dsv4ctl diff OLD NEW` with two files") from None
     rel = path.resolve().relative_to(Path(top).resolve()).as_posix()
-    res = subprocess.run(["git", "-C", top, "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    if rev.startswith("-"):
+        raise DsvError(f"--git {rev!r}: a revision cannot start with '-' (git would read it as an "
+                       "option, e.g. --output=FILE writes a file)",
+                       fix="pass a commit, branch or tag, e.g. --git HEAD~1")
+    # --end-of-options: whatever rev is, git reads it as a revision, never as an option (issue 19)
+    res = subprocess.run(["git", "-C", top, "show", "--end-of-options", f"{rev}:{rel}"],
+                         capture_output=True, text=True)
     if res.returncode != 0:
         raise InputError(kind=f"{rev}:{rel}", problems=[Problem(
             "", f"git cannot show {rel} at {rev}: {res.stderr.strip()}", file=f"{rev}:{rel}",

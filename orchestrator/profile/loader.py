@@ -27,6 +27,11 @@ M = TypeVar("M", bound=BaseModel)
 
 MAX_BYTES = 1 << 20  # a profile is a page of YAML; a megabyte is already absurd
 MAX_NODES = 50_000  # bounds alias expansion ("billion laughs") and pathological documents
+# The node count alone let a 445 KB profile of aliases to one 4 KB string expand to 80 MB of
+# extra_args (a launch script rendered in 56 s, issue 19): the expanded text and every list's
+# length are capped too. A real profile expands to a few KB and its longest list is a GPU set.
+MAX_EXPANDED_BYTES = 2 << 20  # scalar text of the document with every alias expanded
+MAX_LIST_ITEMS = 1024  # items of any one sequence, aliases expanded
 
 
 class _Loader(yaml.SafeLoader):
@@ -64,21 +69,40 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _count_nodes(node: yaml.Node, budget: list[int], seen: set[int]) -> None:
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise _TooLarge
-    if isinstance(node, yaml.MappingNode):
+class _Budget:
+    """What the document may still expand to: nodes and scalar bytes (aliases counted each time
+    they are used, which is what the constructor builds)."""
+
+    def __init__(self) -> None:
+        self.nodes = MAX_NODES
+        self.bytes = MAX_EXPANDED_BYTES
+
+
+def _count_nodes(node: yaml.Node, budget: _Budget) -> None:
+    budget.nodes -= 1
+    if budget.nodes < 0:
+        raise _TooLarge(f"the document expands to more than {MAX_NODES} values", node)
+    if isinstance(node, yaml.ScalarNode):
+        budget.bytes -= len(node.value)
+        if budget.bytes < 0:
+            raise _TooLarge(f"the document expands to more than {MAX_EXPANDED_BYTES} bytes of "
+                            "text", node)
+    elif isinstance(node, yaml.MappingNode):
         for k, v in node.value:
-            _count_nodes(k, budget, seen)
-            _count_nodes(v, budget, seen)
+            _count_nodes(k, budget)
+            _count_nodes(v, budget)
     elif isinstance(node, yaml.SequenceNode):
+        if len(node.value) > MAX_LIST_ITEMS:
+            raise _TooLarge(f"a list has {len(node.value)} items, more than {MAX_LIST_ITEMS}",
+                            node)
         for v in node.value:
-            _count_nodes(v, budget, seen)
+            _count_nodes(v, budget)
 
 
 class _TooLarge(Exception):
-    pass
+    def __init__(self, message: str, node: yaml.Node) -> None:
+        super().__init__(message)
+        self.message, self.node = message, node
 
 
 def parse_yaml(text: str, filename: str) -> tuple[Any, yaml.Node | None]:
@@ -101,13 +125,16 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, yaml.Node | None]:
             )
         node = nodes[0] if nodes else None
         if node is not None:
-            _count_nodes(node, [MAX_NODES], set())
+            _count_nodes(node, _Budget())
         data = yaml.load(text, Loader=_Loader) if node is not None else None
-    except _TooLarge:
+    except _TooLarge as exc:
+        mark = exc.node.start_mark
         raise InputError(
             kind=filename,
-            problems=[Problem("", f"the document expands to more than {MAX_NODES} values",
-                              file=filename, fix="remove YAML aliases that multiply content")],
+            problems=[Problem("", exc.message, file=filename, line=mark.line + 1,
+                              column=mark.column + 1,
+                              fix="remove YAML aliases (*name) that multiply content; a profile "
+                                  "is a page of plain values")],
         ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -4,10 +4,15 @@ says.
 Owns the commands that install unit files, reload, start, stop and inspect units, for either scope,
 so the apply steps never spell ``systemctl`` themselves. Unit files are written atomically (temp
 file + rename in the same directory) so systemd never reads a half-written unit.
+
+Every unit name is checked against :data:`UNIT_NAME` before it reaches a shell, and quoted there
+as well: names come from saved plans and from release records on the host, and a plan naming
+``dsv4-x$(touch …).service`` once ran that command (issue 19).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +20,22 @@ from dataclasses import dataclass
 from orchestrator.errors import RemoteError
 from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.probes import parse_show, systemctl
+
+# What dsv4ctl names its units (dsv4-<deployment>-<role>.service, from Slug names): letters, digits,
+# '-', '_', '.', '@' (a subset of systemd's unit-name alphabet, without '\\' and ':').
+UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,240}\.service$")
+
+
+def check_unit_names(units: Sequence[str]) -> list[str]:
+    """``units`` as a list, or RemoteError naming the first one that is not a plain unit name."""
+    for u in units:
+        if not isinstance(u, str) or not UNIT_NAME.fullmatch(u):
+            raise RemoteError(f"refusing unit name {u!r}: not of the form NAME.service with "
+                              "letters, digits, '-', '_', '.', '@' only",
+                              fix="re-plan from the profile (`dsv4ctl plan -o`); a saved plan or "
+                                  "release record with such a name was edited")
+    return list(units)
+
 
 SHOW_PROPS = ("Id", "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "LoadState")
 
@@ -48,7 +69,7 @@ class ServiceManager:
         self.ctl = systemctl(scope)
 
     def _units(self, units: Sequence[str]) -> str:
-        return " ".join(shlex.quote(u) for u in units)
+        return " ".join(shlex.quote(u) for u in check_unit_names(units))
 
     def install_units(self, source_dir: str, units: Sequence[str]) -> None:
         """Copy ``units`` from ``source_dir`` (a release's ``units/``) into the unit directory."""
@@ -56,16 +77,17 @@ class ServiceManager:
             return
         d = unit_dir_expr(self.scope)
         cmds = [f"d={d}", 'mkdir -p "$d"']
-        for u in units:
+        for u in check_unit_names(units):
             src = shlex.quote(f"{source_dir}/{u}")
-            cmds.append(f'cp -f {src} "$d/.{u}.tmp" && mv -f "$d/.{u}.tmp" "$d/{u}"')
+            tmp, dst = shlex.quote(f".{u}.tmp"), shlex.quote(u)
+            cmds.append(f'cp -f {src} "$d"/{tmp} && mv -f "$d"/{tmp} "$d"/{dst}')
         self.remote.check(" && ".join(cmds), timeout=60, what="installing unit files")
 
     def remove_units(self, units: Sequence[str]) -> None:
         if not units:
             return
         d = unit_dir_expr(self.scope)
-        files = " ".join(f'"$d/{u}"' for u in units)
+        files = " ".join(f'"$d"/{shlex.quote(u)}' for u in check_unit_names(units))
         self.remote.check(f"d={d}; rm -f {files}", timeout=60, what="removing unit files")
 
     def installed_units(self, pattern: str = "dsv4-*.service") -> list[str]:
