@@ -194,7 +194,8 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
         notes += list(sizing.notes) + [f"headroom: the worst moment is {n}" for n in hmodel.notes]
         cal = None
         if meas is not None and model_tokens is not None:
-            cal = outside.calibration_check(role, meas, model_tokens, sizing, facts.host)
+            cal = outside.calibration_check(role, meas, model_tokens, sizing, facts.host,
+                                            hmodel)
             checks.append(cal[1])
         caps.append(_cap(role, gpu, mfs, wb, sizing, notes, hmodel,
                          model_tokens if cal else None, cal[0] if cal else None,

@@ -80,8 +80,10 @@ def _engine_env(engine: EngineRules, dep: Deployment, role: RoleDeployment, gpu:
 
 
 def calibration_check(role: RoleDeployment, m: PoolMeasurement, model_tokens: int, s: PoolSizing,
-                 host: str) -> tuple[str, Check]:
-    """The calibration term of a role, as a sentence and as the info check that shows it."""
+                      host: str, h: hr.HeadroomModel | None = None) -> tuple[str, Check]:
+    """The calibration term of a role, as a sentence and as the info check that shows it. With
+    the scheduler's ``available_gpu_mem`` (free memory once weights, pools and CUDA graphs exist)
+    the sentence also sets it beside what the headroom model expects at that moment."""
     u = m.unexplained_bytes
     where = f"release {m.release}" if m.release else m.source
     text = (f"calibrated from host {host}'s measurement (sglang {m.engine_version}, "
@@ -91,13 +93,20 @@ def calibration_check(role: RoleDeployment, m: PoolMeasurement, model_tokens: in
             + ("the model does not explain is subtracted" if u >= 0 else
                "more than the model expected is added")
             + f": {s.max_total_num_tokens:,} tokens per rank")
+    if m.available_gpu_mem_gib is not None and h is not None:
+        graphs = sum(t.bytes for t in h.terms if t.id == "cuda_graphs")
+        text += (f"; after its start the engine reported {m.available_gpu_mem_gib:.2f} GiB free "
+                 f"where the headroom model expects {(s.headroom_bytes - graphs) / 2**30:.2f} GiB "
+                 "(headroom less CUDA graphs)")
     return text, check(
         "capacity.calibrated", "info", "KV pool calibrated from the host's engine",
         f"role {role.name}: {text}",
         "reset with `dsv4ctl calibrate HOST --reset` to plan from the model alone",
         subject=role.name, model_tokens=model_tokens, measured_tokens=m.measured_tokens,
         calibrated_tokens=s.max_total_num_tokens, calibration_bytes=u,
-        engine_version=m.engine_version)
+        engine_version=m.engine_version,
+        **({"available_gpu_mem_gib": m.available_gpu_mem_gib}
+           if m.available_gpu_mem_gib is not None else {}))
 
 
 def headroom_checks(role: RoleDeployment, s: PoolSizing, h: hr.HeadroomModel, mfs: float,

@@ -164,3 +164,18 @@ def test_metrics_carry_predicted_and_measured_pool() -> None:
     assert 'dsv4ctl_kv_pool_tokens{deployment="d",kind="measured",role="prefill"} 4.247808e+06' \
         in text
     assert 'kind="measured",role="decode"} 4.0' in text
+
+
+def test_the_engines_free_memory_after_start_is_set_beside_the_models() -> None:
+    ctx = load_context(PROFILES / "default.yaml", None)
+    facts = declared_facts(ctx.host_name, ctx.host)
+    p0 = build_plan(ctx, facts)
+    c0 = p0.capacity[0]
+    m = _meas(c0.role, c0.max_total_tokens_per_rank, c0.max_total_tokens_per_rank,
+              c0.bytes_per_token).model_copy(update={"available_gpu_mem_gib": 11.42})
+    p1 = build_plan(ctx, facts.model_copy(update={"calibration": [m]}))
+    c1 = p1.capacity[0]
+    graphs = next(t.bytes for t in c1.headroom_terms if t.id == "cuda_graphs")
+    assert c1.calibration_bytes == 0  # measured == predicted: a zero term, still shown
+    assert (f"after its start the engine reported 11.42 GiB free where the headroom model expects "
+            f"{(c1.headroom_bytes - graphs) / 2**30:.2f} GiB") in (c1.calibrated or "")
