@@ -141,7 +141,8 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             checks.append(check(
                 "capacity.layout", "error", "weights cannot be sharded this way",
                 f"role {role.name}: {exc}", getattr(exc, "fix", None) or
-                "choose tp/ep/attn_dp the model supports", subject=role.name))
+                "choose tp/ep/attn_dp the model supports",
+                field=f"topology.{role.name}.tp", subject=role.name))
             continue
         notes += list(wb.unconfirmed)
         static_budget = int(gpu.total_bytes * mfs)
@@ -155,7 +156,8 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
                 + (f" ({need:.0%} of the GPU)" if need < 1 else " (more than the whole GPU)"),
                 "spread the role over more GPUs (higher tp/ep), store experts in a smaller format "
                 "(expert_storage: native keeps the checkpoint's fp4), or drop the PD split",
-                subject=role.name, weights_bytes=wb.total_bytes, budget_bytes=static_budget))
+                field=f"topology.{role.name}.gpus", subject=role.name, weights_bytes=wb.total_bytes,
+                budget_bytes=static_budget))
             caps.append(_cap(role, gpu, mfs, wb, None, notes))
             for g in role.gpus:
                 rows[g] = GpuRow(index=g, role=role.name, model=gpu.spec.id, total_bytes=gpu.total_bytes,
@@ -189,7 +191,8 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             model_tokens = sized(mfs, u=0)[0].max_total_num_tokens if meas else None
         except KVPoolError as exc:
             checks.append(check("capacity.kv-inputs", "error", "KV pool cannot be sized",
-                                f"role {role.name}: {exc.message}", exc.fix, subject=role.name))
+                                f"role {role.name}: {exc.message}", exc.fix,
+                                field=f"topology.{role.name}", subject=role.name))
             continue
         notes += list(sizing.notes) + [f"headroom: the worst moment is {n}" for n in hmodel.notes]
         cal = None
@@ -270,7 +273,8 @@ def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: Poo
         out.append(check(
             "capacity.kv-pool", "error", "no room for the KV cache",
             f"role {role.name}: SGLang would refuse to start: {s.failure}",
-            hint + "use more GPUs per role, or smaller expert storage", subject=role.name))
+            hint + "use more GPUs per role, or smaller expert storage",
+            field="serving.mem_fraction_static", subject=role.name))
         return out
     if s.max_total_num_tokens < dep.context_length:
         out.append(check(
@@ -279,7 +283,8 @@ def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: Poo
             f"holds {s.max_total_num_tokens:,} tokens ({s.bytes_per_full_token:,.0f} B per token)",
             f"lower attention.context_length to at most {s.max_total_num_tokens:,}, raise "
             "mem_fraction_static, or give the role more memory (more GPUs, smaller expert storage)",
-            subject=role.name, pool_tokens=s.max_total_num_tokens, context_length=dep.context_length))
+            field="attention.context_length", subject=role.name,
+            pool_tokens=s.max_total_num_tokens, context_length=dep.context_length))
     if role.disaggregation_mode != "prefill":
         w = profile.workload
         need = w.concurrent_requests * w.context_tokens
@@ -292,12 +297,13 @@ def _pool_checks(dep: Deployment, profile: Profile, role: RoleDeployment, s: Poo
                 f"{need:,} tokens, but the pool holds {have:,}; about {fit} such requests run at "
                 "once, the rest queue",
                 "lower workload.concurrent_requests or context_tokens, raise mem_fraction_static, "
-                "or add GPUs to this role", subject=role.name, need_tokens=need, pool_tokens=have))
+                "or add GPUs to this role",
+                field="workload.concurrent_requests", subject=role.name, need_tokens=need, pool_tokens=have))
         if s.max_running_requests * role.attn_dp < w.concurrent_requests:
             out.append(check(
                 "capacity.max-running", "warning", "max_running_requests below the workload",
                 f"role {role.name}: the engine runs at most {s.max_running_requests * role.attn_dp} "
                 f"requests at once; workload.concurrent_requests is {w.concurrent_requests}",
                 f"set serving.max_running_requests to {w.concurrent_requests} or more",
-                subject=role.name))
+                field="serving.max_running_requests", subject=role.name))
     return out

@@ -162,6 +162,7 @@ def headroom_checks(role: RoleDeployment, s: PoolSizing, h: hr.HeadroomModel, mf
         f"role {role.name}: at its worst moment ({h.notes[0]}) a rank needs {gib(need)} outside "
         f"mem_fraction_static {mfs:.2f} but the KV pool leaves {gib(have)}; the largest term is "
         f"{big.id} ({gib(big.bytes)}{'' if big.exact else ', an estimate'}: {big.detail})",
-        "; or ".join(ways), subject=role.name, need_bytes=need, headroom_bytes=have,
+        "; or ".join(ways),
+        field="serving.mem_fraction_static", subject=role.name, need_bytes=need, headroom_bytes=have,
         largest_term=big.id, largest_bytes=big.bytes, longest_request_tokens=longest,
         source="planner/headroom.py; docs/headroom-sglang-0.5.23.md")]

@@ -257,7 +257,7 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
         table = load_flag_table(dep.engine_name, dep.engine_version)
     except UnknownFlagTableError as exc:
         return [check("engine.flag-table", "error", "no flag table for this engine version",
-                      exc.message, exc.fix, subject="engine.version")]
+                      exc.message, exc.fix, subject="engine.version", field="engine.version")]
     lines: list[tuple[str, list[str], FlagTable]] = []
     try:
         lines += [(r.name, engine_argv(dep, r), table) for r in dep.roles]
@@ -267,10 +267,11 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
             lines.append(("router", argv, rtable))
     except UnknownFlagTableError as exc:
         return [check("engine.flag-table", "error", "no flag table for the router version",
-                      exc.message, exc.fix, subject="engine.router_version")]
+                      exc.message, exc.fix, subject="engine.router_version",
+                      field="engine.router_version")]
     except DsvError as exc:
         return [check("engine.render", "error", "command line cannot be rendered", exc.message,
-                      exc.fix, subject="engine")]
+                      exc.fix, subject="engine", field="engine")]
     for r in dep.roles:
         for i, word, instead in reserved_in_extra_args(table, r):
             out.append(check("engine.flag-reserved", "error", "extra_args overrides a rendered flag",

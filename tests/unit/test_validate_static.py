@@ -110,3 +110,19 @@ def test_validate_and_plan_agree_on_every_static_check(tmp_path_factory, profile
     p = sorted(key(c) for c in plan.checks if _is_static(c.id))
     assert v == p
     assert all(c.location for c in validated if c.field)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(profiles())
+def test_every_profile_check_is_located(tmp_path_factory, profile: dict) -> None:
+    """Checks about the profile (not the host's disks or keys) carry the field and its
+    file:line:col, host-dependent ones (capacity, known-bad) included."""
+    d: Path = tmp_path_factory.mktemp("loc")
+    path = _write(d, yaml.safe_dump(profile))
+    plan, err = _outcome(lambda: build_plan(load_context(path, None)))
+    if err is not None:
+        return
+    for c in plan.checks:
+        if c.id.startswith(("engine.", "topology.", "capacity.", "known-bad.")):
+            assert c.field and c.location and c.location.startswith(f"{path}:"), c
