@@ -9,7 +9,7 @@
 - secret files under /proc, /dev, /sys (directly or through a link), and non-regular files, are
   refused;
 - a secret removed from the profile is removed from the host.
-The host half (process list, journal, install_root grep) is tests/integration/test_hostile_secrets.py.
+The host half (process list, journal, install_root grep) is tests/integration/test_hostile_secrets_host.py.
 """
 
 from __future__ import annotations
