@@ -78,7 +78,8 @@ DEFAULT_PRIVATE_PATHS = (
 )
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEMD = "/lib/systemd/systemd"
-REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "mount", "ssh-keygen", "systemctl", "curl")
+REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "mount", "ssh-keygen", "systemctl", "curl", "setpriv")
+UNPRIVILEGED_UID = 1500  # the SSH user of a HostCluster(user=...) that is not root
 
 
 class HarnessError(RuntimeError):
@@ -191,7 +192,9 @@ class FakeHost:
         self.veth = f"dsv4s{slot}h{index}"
         self.address = f"{SUBNET_PREFIX}.{16 + 16 * slot + index}"
         self.port = 22
-        self.user = "root"
+        self.user = cluster.user
+        self.uid = 0 if self.user == "root" else UNPRIVILEGED_UID
+        self.home = "/root" if self.uid == 0 else f"/home/{self.user}"
         self.dir = cluster.workdir / self.name
         self.key_path = cluster.key_path
         self.known_hosts = cluster.known_hosts
@@ -202,7 +205,8 @@ class FakeHost:
         self.engine_env = ENGINE_ENV
         self.anchor: subprocess.Popen[str] | None = None
         self.systemd: subprocess.Popen[bytes] | None = None
-        self.path_env = f"{self.bin_dir}:{BASE_PATH}"
+        # an unprivileged user cannot reach bin_dir under pytest's 0700 temp dir: bind it at /run
+        self.path_env = f"{self.bin_dir if self.uid == 0 else '/run/dsv4-bin'}:{BASE_PATH}"
 
     # -- paths -----------------------------------------------------------------------------
     def path(self, private_path: str) -> Path:
@@ -222,6 +226,7 @@ class FakeHost:
         self._net_up()
         self._anchor_up()
         self._install_sim()
+        self._hand_over()
         self._sshd_up()
         self._systemd_up()
 
@@ -241,16 +246,18 @@ class FakeHost:
             src = self.path(root)
             src.mkdir(parents=True, exist_ok=True)
             Path(root).mkdir(parents=True, exist_ok=True)  # mount point on the shared fs
-            binds.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(root)}")
+            binds.append(f"mkdir -p {shlex.quote(root)} && "
+                         f"mount --bind {shlex.quote(str(src))} {shlex.quote(root)}")
         setup = "\n".join([
             "set -e",
             "mount --make-rprivate /",
             "mount -t sysfs sysfs /sys",
             "mount -t cgroup2 cgroup2 /sys/fs/cgroup",
             "mount -t tmpfs -o mode=755 tmpfs /run",
-            "mkdir -p /run/sshd /run/systemd/system /run/user/0 /run/lock",
-            "chmod 700 /run/user/0",
+            f"mkdir -p /run/sshd /run/systemd/system /run/user/{self.uid} /run/lock",
+            *self._unprivileged_setup(),
             *binds,
+            *self._unprivileged_identity(),
             "echo READY",
             "exec sleep infinity",
         ])
@@ -266,6 +273,48 @@ class FakeHost:
             err = self.anchor.stderr.read() if self.anchor.poll() is not None else ""
             raise HarnessError(f"{self.name}: namespace setup failed: {line!r} {err.strip()}")
 
+    # -- an unprivileged SSH user (HostCluster(user=...)): nothing changes on the machine itself;
+    # the user exists only in this host's mount namespace (its own /etc/passwd and /etc/group) ---
+    def _unprivileged_setup(self) -> list[str]:
+        """Before the private binds: the base Python lives under /root (0700 on this machine),
+        which the user cannot traverse; /root becomes a tmpfs with only that prefix bound back."""
+        if self.uid == 0:
+            return ["chmod 700 /run/user/0"]
+        prefix = Path(sys.base_prefix).resolve()
+        lines = [f"chown {self.uid}:{self.uid} /run/user/{self.uid}",
+                 f"chmod 700 /run/user/{self.uid}",
+                 "mkdir -p /run/dsv4-bin /run/dsv4-ssh",
+                 f"mount --bind {shlex.quote(str(self.bin_dir))} /run/dsv4-bin",
+                 # sshd reads authorized_keys with the user's privileges
+                 f"mount --bind {shlex.quote(str(self.ssh_dir))} /run/dsv4-ssh"]
+        if Path("/root") in prefix.parents:
+            q = shlex.quote(str(prefix))
+            lines += ["mkdir -p /run/.pyprefix", f"mount --bind {q} /run/.pyprefix",
+                      "mount -t tmpfs -o mode=755 tmpfs /root",
+                      f"mkdir -p {q}", f"mount --bind /run/.pyprefix {q}"]
+        return lines
+
+    def _unprivileged_identity(self) -> list[str]:
+        if self.uid == 0:
+            return []
+        passwd, group = self.dir / "passwd", self.dir / "group"
+        passwd.write_text(Path("/etc/passwd").read_text()
+                          + f"{self.user}:x:{self.uid}:{self.uid}::{self.home}:/bin/bash\n")
+        group.write_text(Path("/etc/group").read_text() + f"{self.user}:x:{self.uid}:\n")
+        for f in (passwd, group):
+            f.chmod(0o644)
+        return [f"mount --bind {shlex.quote(str(passwd))} /etc/passwd",
+                f"mount --bind {shlex.quote(str(group))} /etc/group"]
+
+    def _hand_over(self) -> None:
+        """The user owns its home, the install root, the engine env, the models and textfile dirs,
+        and its cgroup subtree (delegation, so its `systemd --user` can manage it)."""
+        if self.uid == 0:
+            return
+        for root in self.cluster.private_paths:
+            _run(["chown", "-R", f"{self.uid}:{self.uid}", str(self.path(root))])
+        _run(["chown", "-R", f"{self.uid}:{self.uid}", str(self.cgroup)])
+
     def _nsenter_argv(self, argv: list[str]) -> list[str]:
         """argv run inside this host's namespaces and cgroup."""
         assert self.anchor is not None
@@ -276,17 +325,22 @@ class FakeHost:
                    f'exec nsenter -t {self.anchor.pid} -m -n -C -- "$@"')
         return ["sh", "-c", wrapper, "nsenter-wrapper", *argv]
 
-    def _env(self, extra: dict[str, str] | None = None) -> list[str]:
-        env = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "LANG": "C.UTF-8",
-               "XDG_RUNTIME_DIR": "/run/user/0", "PATH": self.path_env,
+    def _env(self, extra: dict[str, str] | None = None, *, root: bool = False) -> list[str]:
+        uid, user, home = (0, "root", "/root") if root else (self.uid, self.user, self.home)
+        env = {"HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
+               "XDG_RUNTIME_DIR": f"/run/user/{uid}", "PATH": self.path_env,
                "DSV4_FAKE_HOST": self.name}
         env.update(extra or {})
-        return ["env", "-i", *[f"{k}={v}" for k, v in env.items()]]
+        drop = [] if uid == 0 else ["setpriv", f"--reuid={uid}", f"--regid={uid}",
+                                    "--clear-groups", "--"]
+        return [*drop, "env", "-i", *[f"{k}={v}" for k, v in env.items()]]
 
     def exec(self, cmd: str, *, check: bool = False, timeout: float = 60,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run `cmd` with bash inside the host (as an SSH session would see it)."""
-        argv = self._nsenter_argv([*self._env(env), "bash", "-c", cmd])
+             env: dict[str, str] | None = None, root: bool = False
+             ) -> subprocess.CompletedProcess[str]:
+        """Run `cmd` with bash inside the host as its SSH user would (``root=True``: as root, for
+        what only an administrator may do, e.g. planting files outside the user's reach)."""
+        argv = self._nsenter_argv([*self._env(env, root=root), "bash", "-c", cmd])
         proc = _run(argv, check=False, timeout=timeout)
         if check and proc.returncode != 0:
             raise HarnessError(f"{self.name}: `{cmd}` failed (rc {proc.returncode}): "
@@ -315,17 +369,22 @@ class FakeHost:
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(key)])
         shutil.copy(self.cluster.key_path.with_suffix(".pub"), self.ssh_dir / "authorized_keys")
         (self.ssh_dir / "authorized_keys").chmod(0o600)
+        keys = str(self.ssh_dir / "authorized_keys")
+        if self.uid != 0:
+            os.chown(self.ssh_dir / "authorized_keys", self.uid, self.uid)
+            keys = "/run/dsv4-ssh/authorized_keys"
         conf = self.ssh_dir / "sshd_config"
         conf.write_text("\n".join([
             "Port 22", "ListenAddress 0.0.0.0",
             f"HostKey {key}", f"PidFile {self.ssh_dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.ssh_dir / 'authorized_keys'}",
+            f"AuthorizedKeysFile {keys}",
             "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
             "StrictModes no", "Subsystem sftp internal-sftp", "MaxStartups 100:30:200",
             "MaxSessions 100", "UseDNS no", "LogLevel INFO",
             # Sessions need the user manager's runtime dir and the fake nvidia-smi.
-            f"SetEnv XDG_RUNTIME_DIR=/run/user/0 PATH={self.path_env} DSV4_FAKE_HOST={self.name}",
+            f"SetEnv XDG_RUNTIME_DIR=/run/user/{self.uid} PATH={self.path_env} "
+            f"DSV4_FAKE_HOST={self.name}",
             "",
         ]))
         sshd = _sshd_path()
@@ -424,13 +483,18 @@ class HostCluster:
 
     def __init__(self, n: int, workdir: Path, *, python: str | None = None,
                  private_paths: tuple[str, ...] = DEFAULT_PRIVATE_PATHS,
-                 gpus: dict[str, Any] | None = None) -> None:
+                 gpus: dict[str, Any] | None = None, user: str = "root") -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise HarnessError(f"HostCluster n={n}: must be between 1 and {MAX_HOSTS}")
         for p in private_paths:
             if not p.startswith("/") or p.rstrip("/") in ("", "/run", "/sys", "/proc", "/tmp"):
                 raise HarnessError(f"private path {p!r} must be absolute and not /, /run, "
                                    "/sys, /proc or /tmp")
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
+            raise HarnessError(f"HostCluster user={user!r}: not a user name")
+        self.user = user
+        if user != "root":  # its home, with ~/.config/systemd/user, is private to each host
+            private_paths = (*private_paths, f"/home/{user}")
         self.n = n
         self.workdir = Path(workdir).resolve()
         self.python = python or sys.executable

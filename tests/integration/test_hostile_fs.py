@@ -30,10 +30,11 @@ RID = "r0042-20261201T120000Z-0123abcd"
 
 @pytest.fixture
 def victim(env: Env) -> Iterator[Env]:  # noqa: F811
+    # /srv/victim stands for a file the deploying user must not reach through a link: root's
     env.fake.exec(f"rm -rf {VICTIM} && mkdir -p {VICTIM} && printf original > {VICTIM}/file",
-                  check=True)
+                  check=True, root=True)
     yield env
-    env.fake.exec(f"rm -rf {VICTIM}")
+    env.fake.exec(f"rm -rf {VICTIM}", root=True)
 
 
 def untouched(e: Env) -> None:
@@ -126,10 +127,10 @@ def test_unsafe_install_root_is_refused_before_anything_is_written(
         capsys: pytest.CaptureFixture[str]) -> None:
     parent = ROOT.rsplit("/", 1)[0]
     mode = victim.fake.exec(f"stat -c %a {parent}").stdout.strip()
-    victim.fake.exec(setup, check=True)
+    victim.fake.exec(setup, check=True, root=True)
     try:
         assert victim.apply(victim.profile()) != 0
-        err = capsys.readouterr().err
+        err = " ".join(capsys.readouterr().err.split())  # the CLI wraps to the terminal width
         assert f"dsv4ctl refuses {path}: " in err and reason in err, err
         assert "Traceback" not in err
         untouched(victim)
@@ -137,4 +138,5 @@ def test_unsafe_install_root_is_refused_before_anything_is_written(
             [], ["file"], [".dsv4ctl.lock"]), "something was written under the refused root"
     finally:
         # the harness mounts ROOT: restore its owner and mode rather than recreate it
-        victim.fake.exec(f"chmod {mode} {parent}; chown 0:0 {ROOT}; chmod 0755 {ROOT}")
+        victim.fake.exec(f"chmod {mode} {parent}; chown {victim.fake.uid}:{victim.fake.uid} "
+                         f"{ROOT}; chmod 0755 {ROOT}", root=True)
