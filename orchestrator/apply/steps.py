@@ -587,10 +587,12 @@ def qualify(ctx: Context, step: Any) -> Outcome:
     cfg = ctx.profile.health.qualify
     assert cfg is not None
     from orchestrator.probes.qualify import run_qualification  # issue 6; imported only when used
+    from orchestrator.render.secrets import SECRET_PREFIX
 
     port = ctx.deployment.router.port if ctx.deployment.router else ctx.deployment.roles[0].port
     with ctx.remote.forward(port) as local_port:
-        res = run_qualification(f"http://127.0.0.1:{local_port}", ctx.deployment, cfg)
+        res = run_qualification(f"http://127.0.0.1:{local_port}", ctx.deployment, cfg,
+                                api_key=ctx.secrets.get(f"{SECRET_PREFIX}API_KEY"))
     if ctx.record is not None:  # saved with the journal entry (or by the rollback that follows)
         ctx.record.qualification = Qualification(passed=res.passed, reason=res.reason,
                                                  figures=dict(res.figures))

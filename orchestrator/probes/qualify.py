@@ -59,8 +59,9 @@ def recall_lengths(min_tokens: int) -> list[int]:
     return sorted({max(100, min_tokens // 4), max(100, min_tokens // 2), max(100, min_tokens)})
 
 
-async def _qualify(base_url: str, dep: Deployment, cfg: Qualify) -> QualifyResult:
-    ep = Endpoint(base_url, timeout_s=600.0, deadline_s=3600.0)
+async def _qualify(base_url: str, dep: Deployment, cfg: Qualify,
+                   api_key: str | None = None) -> QualifyResult:
+    ep = Endpoint(base_url, api_key=api_key, timeout_s=600.0, deadline_s=3600.0)
     model = dep.served_name
     figures: dict[str, float | int | str] = {}
     failures: list[str] = []
@@ -112,9 +113,11 @@ async def _qualify(base_url: str, dep: Deployment, cfg: Qualify) -> QualifyResul
     return QualifyResult(True, figures, "qualified: " + ", ".join(notes))
 
 
-def run_qualification(base_url: str, deployment: Deployment, cfg: Qualify) -> QualifyResult:
-    """Qualify the release serving at ``base_url`` (the router in PD, else the engine)."""
+def run_qualification(base_url: str, deployment: Deployment, cfg: Qualify,
+                      api_key: str | None = None) -> QualifyResult:
+    """Qualify the release serving at ``base_url`` (the router in PD, else the engine);
+    ``api_key``: the engine's (``secrets: DSV4_SECRET_API_KEY``), sent as a bearer token."""
     try:
-        return run_sync(_qualify(base_url, deployment, cfg))
+        return run_sync(_qualify(base_url, deployment, cfg, api_key))
     except DsvError as exc:  # unreachable, malformed answers: a failed qualification
         return QualifyResult(False, {}, f"qualification could not run: {exc.message}")

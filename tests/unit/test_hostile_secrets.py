@@ -221,3 +221,23 @@ def test_upload_without_secrets_removes_the_file() -> None:
     ctx.deployment = type("D", (), {"name": "dep"})()
     steps.upload_release(ctx, None)
     assert calls == ["remove dep"]
+
+
+def test_qualification_sends_the_engine_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colocated, qualification talks to the engine itself, which wants the key (401 otherwise)."""
+    from orchestrator.probes import qualify
+
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_endpoint(url: str, **kw: Any) -> Any:
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(qualify, "Endpoint", fake_endpoint)
+    with pytest.raises(Stop):
+        qualify.run_qualification("http://127.0.0.1:1", None, None,  # type: ignore[arg-type]
+                                  api_key=CANARY)
+    assert seen["api_key"] == CANARY
