@@ -37,6 +37,7 @@ N_PAD = 32  # 24 mix outputs padded to a tensor-core-friendly 32
 BLOCK_M = 16  # rows per program (the smallest bf16 mma M)
 SPLIT = 64  # split-K programs per row block (fixed: batch invariance; device run 3)
 WARPS = 2  # device run 3: 6.4 µs at 64 rows against 7.9 with 4 warps, equal below
+PACKED = False  # weight halves stored [4H, 24] (packed) or padded to [4H, 32]
 
 
 @triton.jit
@@ -54,7 +55,7 @@ def _round_bf16(v, EMULATE: tl.constexpr):
 def _post_pre_kernel(
     y_ptr, res_ptr, post_ptr, comb_ptr, fnh_ptr, fnl_ptr, res_out_ptr, mix_ptr, sq_ptr,
     n_rows,
-    H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, SPLITS: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, WS: tl.constexpr, SPLITS: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, DO_POST: tl.constexpr, USE_LO: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -128,12 +129,14 @@ def _post_pre_kernel(
         g2 = a2.to(tl.float32)
         g3 = a3.to(tl.float32)
         sq += tl.sum(g0 * g0 + g1 * g1 + g2 * g2 + g3 * g3, axis=1)
-        # weights stored K-major, [4H, NP] bf16: a [BK, NP] tile is one contiguous block
-        wb = hk[:, None] * NP + cols[None, :]
-        w0 = tl.load(fnh_ptr + wb + 0 * H * NP)
-        w1 = tl.load(fnh_ptr + wb + 1 * H * NP)
-        w2 = tl.load(fnh_ptr + wb + 2 * H * NP)
-        w3 = tl.load(fnh_ptr + wb + 3 * H * NP)
+        # weights stored K-major, [4H, WS] bf16 (WS = N packed, or NP padded with zeros): a
+        # [BK, WS] tile is one contiguous block; columns past N read as zeros
+        wb = hk[:, None] * WS + cols[None, :]
+        wm = (cols[None, :] < N) & (hk[:, None] >= 0)
+        w0 = tl.load(fnh_ptr + wb + 0 * H * WS, mask=wm, other=0.0)
+        w1 = tl.load(fnh_ptr + wb + 1 * H * WS, mask=wm, other=0.0)
+        w2 = tl.load(fnh_ptr + wb + 2 * H * WS, mask=wm, other=0.0)
+        w3 = tl.load(fnh_ptr + wb + 3 * H * WS, mask=wm, other=0.0)
         if DOT_F32:
             acc = tl.dot(g0, w0.to(tl.float32), acc, input_precision="ieee")
             acc = tl.dot(g1, w1.to(tl.float32), acc, input_precision="ieee")
@@ -145,10 +148,10 @@ def _post_pre_kernel(
             acc = tl.dot(a2, w2, acc)
             acc = tl.dot(a3, w3, acc)
         if USE_LO:
-            v0 = tl.load(fnl_ptr + wb + 0 * H * NP)
-            v1 = tl.load(fnl_ptr + wb + 1 * H * NP)
-            v2 = tl.load(fnl_ptr + wb + 2 * H * NP)
-            v3 = tl.load(fnl_ptr + wb + 3 * H * NP)
+            v0 = tl.load(fnl_ptr + wb + 0 * H * WS, mask=wm, other=0.0)
+            v1 = tl.load(fnl_ptr + wb + 1 * H * WS, mask=wm, other=0.0)
+            v2 = tl.load(fnl_ptr + wb + 2 * H * WS, mask=wm, other=0.0)
+            v3 = tl.load(fnl_ptr + wb + 3 * H * WS, mask=wm, other=0.0)
             if DOT_F32:
                 acc = tl.dot(g0, v0.to(tl.float32), acc, input_precision="ieee")
                 acc = tl.dot(g1, v1.to(tl.float32), acc, input_precision="ieee")
@@ -168,23 +171,24 @@ def _post_pre_kernel(
 _CACHE_ATTR = "_dsv4_kernels_bf16_split"
 
 
-def split_fn_bf16(fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fn [24, 4H]`` FP32 as two bf16 halves ``hi + lo``, each stored transposed as
-    ``[4H, 32]`` (K-major, the 24 columns padded with zeros to 32).
+def split_fn_bf16(fn: torch.Tensor, packed: bool = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn [24, 4H]`` FP32 as two bf16 halves ``hi + lo``, each stored transposed, K-major:
+    ``[4H, 24]`` packed, or ``[4H, 32]`` with the columns padded with zeros.
 
     Cached on the weight tensor itself (as SGLang caches its own bf16xfp32 weight split), keyed
     by its storage and version: an in-place weight update bumps the version and the next call
     splits again. A cache keyed by address alone would hand a freed weight's split to a new
     tensor at the same address (seen in device run 2 of issue 25).
     """
-    key = (fn.data_ptr(), tuple(fn.shape), fn._version)
+    key = (fn.data_ptr(), tuple(fn.shape), fn._version, packed)
     got = getattr(fn, _CACHE_ATTR, None)
     if got is not None and got[0] == key:
         return got[1], got[2]
     n, k = fn.shape
     f = fn.detach().float()
-    hi = torch.zeros(k, N_PAD, dtype=torch.bfloat16, device=fn.device)
-    lo = torch.zeros(k, N_PAD, dtype=torch.bfloat16, device=fn.device)
+    cols = n if packed else N_PAD
+    hi = torch.zeros(k, cols, dtype=torch.bfloat16, device=fn.device)
+    lo = torch.zeros(k, cols, dtype=torch.bfloat16, device=fn.device)
     hi[:, :n] = f.t().to(torch.bfloat16)
     lo[:, :n] = (f.t() - hi[:, :n].float()).to(torch.bfloat16)
     setattr(fn, _CACHE_ATTR, (key, hi, lo))
@@ -204,6 +208,7 @@ def mhc_post_pre_partials(
     block_m: int = BLOCK_M,
     num_warps: int = WARPS,
     num_stages: int = 3,
+    packed: bool = PACKED,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Post-map the residual (when ``y``/``post``/``comb`` are given) and take the mix partials.
 
@@ -223,7 +228,7 @@ def mhc_post_pre_partials(
     bk = block_k or min(hs, 32)
     if hs % bk or bk & (bk - 1) or bk < 16:
         raise ValueError(f"split width {hs} needs a power-of-two block_k >= 16 that divides it")
-    hi, lo = split_fn_bf16(fn)
+    hi, lo = split_fn_bf16(fn, packed)
     do_post = y is not None
     residual = residual.contiguous()
     res_out = torch.empty_like(residual) if do_post else residual
@@ -241,7 +246,7 @@ def mhc_post_pre_partials(
     grid = (triton.cdiv(t, block_m), splits)
     _post_pre_kernel[grid](
         y_, residual, post_, comb_, hi, lo, res_out, mixes, sqrsum, t,
-        H=h, N=n, NP=N_PAD, SPLITS=splits, BM=block_m, BK=bk, DO_POST=do_post,
+        H=h, N=n, NP=N_PAD, WS=hi.shape[1], SPLITS=splits, BM=block_m, BK=bk, DO_POST=do_post,
         USE_LO=use_lo, DOT_F32=interpreting(), num_warps=num_warps, num_stages=num_stages,
     )
     return res_out, mixes, sqrsum

@@ -100,11 +100,13 @@ import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from dsv4_kernels.mhc_pre_gemm import _post_pre_kernel as fn, N_PAD, BLOCK_M, SPLIT, WARPS
+from dsv4_kernels.mhc_pre_gemm import _post_pre_kernel as fn, N_PAD, BLOCK_M, SPLIT, WARPS, PACKED
 do_post = sys.argv[1] == "1"
 bf16 = ("y_ptr", "res_ptr", "fnh_ptr", "fnl_ptr", "res_out_ptr")
-consts = {"H": 4096, "N": 24, "NP": N_PAD, "SPLITS": SPLIT, "BM": BLOCK_M, "BK": 32,
+consts = {"H": 4096, "N": 24, "NP": N_PAD, "WS": 24 if PACKED else N_PAD, "SPLITS": SPLIT,
+          "BM": BLOCK_M, "BK": 32,
           "DO_POST": do_post, "USE_LO": True, "DOT_F32": False}
+assert set(consts) == {fn.arg_names[i] for i in fn.constexprs}, "every constexpr pinned"
 sig = {n: "constexpr" if n in consts else ("*bf16" if n in bf16 else "*fp32")
        if n.endswith("_ptr") else "i32" for n in fn.arg_names}
 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names

@@ -218,12 +218,12 @@ def make(t: int, g: torch.Generator, dev: str):
 
 
 OURS = {  # name: keyword arguments of mhc_post_pre_partials (the default is the shipped one)
-    "ours hi+lo BM16 BK32 s64 w4 st3 (default)": {},
-    "ours hi+lo BM16 BK32 s32 w4 st3": {"splits": 32},
-    "ours hi+lo BM16 BK32 s128 w4 st3": {"splits": 128},
-    "ours hi+lo BM16 BK16 s64 w4 st3": {"block_k": 16},
-    "ours hi+lo BM16 BK32 s64 w2 st3": {"num_warps": 2},
-    "ours hi only BM16 BK32 s64 w4 st3": {"use_lo": False},
+    "ours hi+lo padded s64 w2 (default)": {},
+    "ours hi+lo packed s64 w2": {"packed": True},
+    "ours hi+lo packed s32 w2": {"packed": True, "splits": 32},
+    "ours hi+lo packed s64 w2 BK16": {"packed": True, "block_k": 16},
+    "ours hi+lo padded s64 w4": {"num_warps": 4},
+    "ours hi only padded s64 w2": {"use_lo": False},
 }
 SETS = 24  # distinct data sets per timed graph: ~110 MB of weights, so each call finds L2 cold
 
