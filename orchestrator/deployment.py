@@ -4,6 +4,10 @@ A profile leaves many things unsaid (ports, per-role knobs that inherit, the mod
 ``index_topk``). ``resolve`` turns it into a :class:`Deployment` where each value is final, so the
 renderer, the diff and the apply steps all read one answer instead of re-deriving defaults. It is a pure
 function of the profile, the host entry and two model facts from the catalog.
+
+In a fleet (issue 23) each host gets its own Deployment from the same function, given the fleet's
+:class:`Placement` (which host runs which role and the router, and the address each host's engines
+are reached at); the single host is the fleet of one and its Deployment is what it always was.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from orchestrator.profile.schema import (
     PrefillRole,
     Profile,
     Role,
+    Router,
     knob,
 )
 
@@ -39,6 +44,36 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+LOOPBACK = "127.0.0.1"
+
+
+class Placement(_Frozen):
+    """Where each part of a fleet runs. ``orchestrator.planner.fleet`` decides it; :func:`resolve`
+    reads it. Tuples of pairs rather than dicts keep it hashable and its dump ordered."""
+
+    hosts: tuple[str, ...]  # the engine hosts, in rollout order
+    addresses: tuple[tuple[str, str], ...]  # host -> the address its engines are reached at
+    roles: tuple[tuple[str, tuple[str, ...]], ...]  # role -> the hosts that run it
+    router_on: str | None  # the host that runs the router (None: no router)
+
+    def address(self, host: str) -> str:
+        return dict(self.addresses)[host]
+
+    def hosts_of(self, role: str) -> tuple[str, ...]:
+        return dict(self.roles).get(role, ())
+
+    def cross_host(self, host: str) -> bool:
+        """Whether anything on another host must reach this host's engines: a router elsewhere,
+        or a PD peer role (prefill <-> decode) on another host."""
+        mine = [r for r, hs in self.roles if host in hs]
+        if not mine:
+            return False
+        if self.router_on is not None and self.router_on != host:
+            return True
+        peers = {"prefill": "decode", "decode": "prefill"}
+        return any(h != host for r in mine if r in peers for h in self.hosts_of(peers[r]))
+
+
 class RoleDeployment(_Frozen):
     name: RoleName
     unit: str  # systemd unit name, e.g. dsv4-default-decode.service
@@ -57,10 +92,13 @@ class RoleDeployment(_Frozen):
     cuda_graph_max_bs: int | None
     extra_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # sorted
+    # --host: loopback unless something on another host must reach this engine (a fleet's router
+    # or PD peer elsewhere), then the host's service address, never 0.0.0.0
+    listen: str = LOOPBACK
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.listen}:{self.port}"
 
 
 class RouterDeployment(_Frozen):
@@ -71,6 +109,12 @@ class RouterDeployment(_Frozen):
     policy: str
     prefill: tuple[tuple[str, int], ...]  # (url, bootstrap port)
     decode: tuple[str, ...]
+    worker_urls: tuple[str, ...] = ()  # regular mode (a colocated fleet): every host's engine
+    on: str | None = None  # fleets: the inventory host that runs it
+
+    @property
+    def pd(self) -> bool:
+        return bool(self.prefill or self.decode)
 
 
 class Deployment(_Frozen):
@@ -110,6 +154,15 @@ class Deployment(_Frozen):
     kernels_selftest: bool
     kernels_bf16_gemms: bool  # kernels.bf16_gemms, and only when kernels.enabled
     secret_names: tuple[str, ...]  # names only; values never enter a plan
+    # fleets (issue 23): every engine host of the fleet, and the host whose release runs the
+    # router (`router` above is set on that host only); a fleet of one leaves both empty
+    fleet: tuple[str, ...] = ()
+    router_on: str | None = None
+
+    @property
+    def pd(self) -> bool:
+        """Prefill/decode disaggregation (on this host a role may be one of the two, or none)."""
+        return self.transfer_backend is not None
 
     def role(self, name: str) -> RoleDeployment:
         for r in self.roles:
@@ -129,8 +182,8 @@ def unit_name(deployment_name: str, role: str) -> str:
     return f"dsv4-{deployment_name}-{role}.service"
 
 
-def _role(profile: Profile, name: RoleName, role: Role, mode: Literal["prefill", "decode"] | None
-          ) -> RoleDeployment:
+def _role(profile: Profile, name: RoleName, role: Role, mode: Literal["prefill", "decode"] | None,
+          listen: str = LOOPBACK) -> RoleDeployment:
     ports = DEFAULT_PORTS[name]
     bootstrap = None
     if isinstance(role, PrefillRole):
@@ -154,34 +207,87 @@ def _role(profile: Profile, name: RoleName, role: Role, mode: Literal["prefill",
         cuda_graph_max_bs=knob(profile, role, "cuda_graph_max_bs"),  # type: ignore[arg-type]
         extra_args=tuple(role.extra_args),
         env=tuple(sorted(role.env.items())),
+        listen=listen,
+    )
+
+
+def _port(profile: Profile, name: str) -> int:
+    role = profile.roles()[name]
+    return role.port or DEFAULT_PORTS[name]["port"]
+
+
+def _router(profile: Profile, placement: Placement) -> RouterDeployment:
+    """The one router of a fleet, with every engine of every host behind it."""
+    topo = profile.topology
+    conf = topo.router
+    assert conf is not None and placement.router_on is not None
+
+    def url(host: str, role: str) -> str:
+        # the router reaches an engine on its own host over loopback when that engine listens
+        # there; any other engine at its host's address
+        addr = (LOOPBACK if host == placement.router_on and not placement.cross_host(host)
+                else placement.address(host))
+        return f"http://{addr}:{_port(profile, role)}"
+
+    if isinstance(topo, PDTopology):
+        boot = topo.prefill.bootstrap_port or DEFAULT_PORTS["prefill"]["bootstrap_port"]
+        prefill = tuple((url(h, "prefill"), boot) for h in placement.hosts_of("prefill"))
+        decode = tuple(url(h, "decode") for h in placement.hosts_of("decode"))
+        workers: tuple[str, ...] = ()
+    else:
+        prefill, decode = (), ()
+        workers = tuple(url(h, "engine") for h in placement.hosts_of("engine"))
+    return RouterDeployment(
+        unit=unit_name(profile.name, "router"),
+        host=conf.host,
+        port=conf.port,
+        prometheus_port=conf.prometheus_port,
+        policy=conf.policy,
+        prefill=prefill,
+        decode=decode,
+        worker_urls=workers,
+        on=placement.router_on if len(placement.hosts) > 1 or placement.router_on not in
+        placement.hosts else None,
+    )
+
+
+def single_placement(profile: Profile, host_name: str) -> Placement:
+    """The fleet of one: every role and (in PD) the router on ``host_name``, over loopback."""
+    return Placement(
+        hosts=(host_name,),
+        addresses=((host_name, LOOPBACK),),
+        roles=tuple((r, (host_name,)) for r in profile.roles()),
+        router_on=(host_name if isinstance(profile.topology, PDTopology)
+                   or profile.topology.router is not None else None),
     )
 
 
 def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk: int,
-            max_context_length: int) -> Deployment:
-    """Fill every default of ``profile``; ``default_index_topk`` and ``max_context_length`` come from
-    the catalog's model entry."""
+            max_context_length: int, placement: Placement | None = None) -> Deployment:
+    """Fill every default of ``profile`` for ``host_name``; ``default_index_topk`` and
+    ``max_context_length`` come from the catalog's model entry. ``placement`` says where the parts
+    of a fleet run; unset, the host is the fleet of one."""
     topo = profile.topology
-    router = None
+    fleet = placement is not None and (len(placement.hosts) > 1
+                                       or placement.router_on not in (None, *placement.hosts))
+    place = placement or single_placement(profile, host_name)
+    listen = place.address(host_name) if place.cross_host(host_name) else LOOPBACK
     transfer = None
     if isinstance(topo, ColocatedTopology):
-        roles: tuple[RoleDeployment, ...] = (_role(profile, "engine", topo.engine, None),)
+        all_roles: tuple[RoleDeployment, ...] = (
+            _role(profile, "engine", topo.engine, None, listen),)
     else:
         assert isinstance(topo, PDTopology)
-        pre = _role(profile, "prefill", topo.prefill, "prefill")
-        dec = _role(profile, "decode", topo.decode, "decode")
-        roles = (pre, dec)
+        all_roles = (_role(profile, "prefill", topo.prefill, "prefill", listen),
+                     _role(profile, "decode", topo.decode, "decode", listen))
         transfer = topo.transfer_backend
-        assert pre.bootstrap_port is not None
-        router = RouterDeployment(
-            unit=unit_name(profile.name, "router"),
-            host=topo.router.host,
-            port=topo.router.port,
-            prometheus_port=topo.router.prometheus_port,
-            policy=topo.router.policy,
-            prefill=((pre.url, pre.bootstrap_port),),
-            decode=(dec.url,),
-        )
+    roles = tuple(r for r in all_roles if host_name in place.hosts_of(r.name))
+    router = None
+    if place.router_on == host_name:
+        if isinstance(topo, ColocatedTopology) and topo.router is None:
+            topo = topo.model_copy(update={"router": Router()})
+            profile = profile.model_copy(update={"topology": topo})
+        router = _router(profile, place)
     spec = profile.speculative
     return Deployment(
         name=profile.name,
@@ -220,4 +326,6 @@ def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk:
         kernels_selftest=profile.kernels.selftest,
         kernels_bf16_gemms=profile.kernels.enabled and profile.kernels.bf16_gemms,
         secret_names=tuple(sorted(profile.secrets)),
+        fleet=place.hosts if fleet else (),
+        router_on=place.router_on if fleet else None,
     )

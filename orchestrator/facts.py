@@ -116,7 +116,8 @@ def declared_facts(name: str, host: Host) -> Facts:
     return Facts(
         source="declared",
         host=name,
-        gpus=[GpuFact(index=i, name=host.gpus.model) for i in range(host.gpus.count)],
+        gpus=[GpuFact(index=i, name=host.gpus.model)
+              for i in range(host.gpus.count if host.gpus else 0)],
         disks=[DiskFact(path=d.path, size_bytes=d.size, free_bytes=d.free) for d in host.disks],
         models=[ModelFact(path=m.path, size_bytes=m.size, variant=m.variant) for m in host.models],
     )

@@ -12,9 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.deployment import Deployment
+from orchestrator.deployment import Deployment, Placement
 
 PLAN_FORMAT = 1  # bump when the JSON shape changes incompatibly
+FLEET_FORMAT = 1  # the fleet plan's JSON shape (planner/fleet.py)
 
 Severity = Literal["error", "warning", "info"]
 
@@ -162,3 +163,64 @@ class Plan(_Frozen):
     @property
     def has_changes(self) -> bool:
         return bool(self.actions)
+
+
+class FleetHostRow(_Frozen):
+    """One line of the fleet summary: a host, whether it fits, its checks and changes."""
+
+    host: str
+    roles: list[str]  # engine roles on this host, plus "router" where the router runs
+    fits: bool  # no unacknowledged error
+    errors: int
+    warnings: int
+    changes: int  # actions
+    restarts: int
+
+
+class FleetPlan(_Frozen):
+    """A profile planned on every host of its fleet (issue 23; planner/fleet.py). The fleet of one
+    holds one plan. ``plans`` are in rollout order: the engine hosts as the inventory group (or the
+    profile's list) orders them, then the router's own host when it has one."""
+
+    format: int = FLEET_FORMAT
+    kind: Literal["fleet"] = "fleet"
+    profile_name: str
+    profile_path: str | None
+    hosts: list[str]  # the engine hosts
+    router_on: str | None  # the host that runs the router
+    router_only_host: str | None = None  # set when that host runs no engine
+    placement: Placement
+    checks: list[Check]  # what only the fleet can check (cross-host PD transfer)
+    plans: list[Plan]
+
+    def plan(self, host: str) -> Plan:
+        for p in self.plans:
+            if p.host == host:
+                return p
+        raise KeyError(host)
+
+    @property
+    def errors(self) -> list[Check]:
+        own = [c for c in self.checks if c.severity == "error" and not c.acknowledged]
+        return own + [c for p in self.plans for c in p.errors]
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        """Hosts whose plan has an error, in rollout order."""
+        return [p.host for p in self.plans if p.errors]
+
+    @property
+    def has_changes(self) -> bool:
+        return any(p.has_changes for p in self.plans)
+
+    def summary(self) -> list[FleetHostRow]:
+        rows = []
+        for p in self.plans:
+            roles = [r.name for r in p.deployment.roles]
+            if p.deployment.router is not None:
+                roles.append("router")
+            rows.append(FleetHostRow(
+                host=p.host, roles=roles, fits=not p.errors, errors=len(p.errors),
+                warnings=sum(1 for c in p.checks if c.severity == "warning" and not c.acknowledged),
+                changes=len(p.actions), restarts=len(p.restarts)))
+        return rows

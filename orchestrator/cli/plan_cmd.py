@@ -90,7 +90,11 @@ def schema(inventory_schema: bool) -> int:
 @_profile_arg(required=False)
 @_inventory_opt
 @click.option("--host", "live_host", metavar="NAME", default=None,
-              help="Probe this inventory host over SSH and plan against its live facts.")
+              help="Probe this inventory host (or every member of this group) over SSH and plan "
+                   "against its live facts.")
+@click.option("--live", is_flag=True,
+              help="Probe every host of the profile's fleet over SSH, in parallel, and plan "
+                   "against their live facts.")
 @format_option(help_text="json is versioned (field 'format'); markdown suits PR comments.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Save the plan (with file contents) for `dsv4ctl apply PLAN.json`.")
@@ -101,49 +105,62 @@ def schema(inventory_schema: bool) -> int:
               help="Also show the arithmetic per role: every term of a GPU's memory (adding up to "
                    "its capacity), the KV pool's bytes per token term by term, page rounding.")
 @accept_new_host_key_opt
-def plan(profile: Path | None, inventory: Path | None, live_host: str | None, fmt: str,
-         out: Path | None, detailed_exitcode: bool, verbose: bool, explain: bool) -> int:
-    """Prove a profile fits its host and show what applying it would change.
+def plan(profile: Path | None, inventory: Path | None, live_host: str | None, live: bool,
+         fmt: str, out: Path | None, detailed_exitcode: bool, verbose: bool,
+         explain: bool) -> int:
+    """Prove a profile fits its host (or every host of its fleet) and show what applying it would
+    change.
 
     PROFILE defaults to the embedded profiles/default.yaml and its inventory's declared host, so it
     works with no host reachable. The plan shows weights, KV pool and headroom per GPU, the checkpoint
     against free disk, every check (errors block apply; warnings can be acknowledged in the profile by
-    id), and the files and restarts an apply would make.
+    id), and the files and restarts an apply would make. A fleet (`hosts:` in the profile) is planned
+    host by host with each host's own facts, with a summary of the hosts first.
     """
-    from orchestrator.planner.build import plan_from_paths
-    from orchestrator.planner.report import render_json, render_markdown, render_text
+    from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
+    from orchestrator.planner.fleet_report import (
+        render_fleet_json,
+        render_fleet_markdown,
+        render_fleet_text,
+    )
 
+    fctx = load_fleet(profile, inventory, host_override=live_host)
     facts = None
-    if live_host is not None:
+    if live_host is not None or live:
         from orchestrator.cli.options import route_library_logs
 
         route_library_logs(verbose)
-        from orchestrator.planner.build import load_context
         from orchestrator.remote import gather_facts  # fabric: only when probing
 
-        ctx = load_context(profile, inventory, host_override=live_host)
-        facts = gather_facts(ctx.host_name, ctx.host, model_paths=[ctx.profile.model.path])
-    result = plan_from_paths(profile, inventory, facts=facts, host_override=live_host)
+        paths = [fctx.profile.model.path]
+        facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths),
+                            only=() if live else fctx.focus)
+    result = plan_fleet(fctx, facts)
     if out is not None:
         from orchestrator.planner.build import save_plan
 
-        save_plan(result, out)
+        save_plan(result.plans[0] if len(result.plans) == 1 else result, out)
     if fmt == "json":
-        echo(render_json(result), nl=False, raw=True)
+        echo(render_fleet_json(result), nl=False, raw=True)
     elif fmt == "markdown":
-        echo(render_markdown(result), nl=False)
+        echo(render_fleet_markdown(result), nl=False)
         if explain:
             from orchestrator.planner.explain import render_explain
 
-            echo(f"<details><summary>Explain</summary>\n\n```\n{render_explain(result)}"
-                       "```\n\n</details>")
+            for p in result.plans:
+                if p.capacity:
+                    echo(f"<details><summary>Explain{'' if len(result.plans) == 1 else ' ' + p.host}"
+                         f"</summary>\n\n```\n{render_explain(p)}```\n\n</details>")
     else:
-        echo(render_text(result, verbose=verbose), nl=False)
+        echo(render_fleet_text(result, verbose=verbose), nl=False)
         if explain:
             from orchestrator.planner.explain import render_explain
 
-            echo("\nExplain:")
-            echo(render_explain(result), nl=False)
+            for p in result.plans:
+                if not p.capacity:
+                    continue
+                echo("\nExplain:" if len(result.plans) == 1 else f"\nExplain ({p.host}):")
+                echo(render_explain(p), nl=False)
         if out is not None:
             echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
     if result.errors:

@@ -25,7 +25,8 @@ def release_files(profile: Profile, deployment: Deployment) -> dict[str, str]:
     ``profile.monitoring.enabled`` is false. Raises :class:`orchestrator.errors.RenderError`
     when a threshold could never fire.
     """
-    if not profile.monitoring.enabled:
+    if not profile.monitoring.enabled or not deployment.roles:
+        # a fleet's router-only host (issue 23) runs no engine: nothing of this set applies to it
         return {}
     out = prometheus.files(profile, deployment)
     out[DASHBOARD_FILE] = dashboard.dashboard_json(profile, deployment)

@@ -73,7 +73,7 @@ def _quantiles(metric: str, dep: Deployment, extra: str = "") -> list[Target]:
 
 def rows(profile: Profile, dep: Deployment) -> list[Row]:
     th = profile.monitoring.alerts
-    pd = dep.router is not None
+    pd = dep.pd
     out: list[Row] = []
     out.append(Row("Serving", [
         Panel("Running requests", [Target(f"sum by (role) ({_s('sglang:num_running_reqs', dep)})",

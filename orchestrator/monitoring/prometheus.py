@@ -52,7 +52,7 @@ def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
     only (``orchestrator.render.argv.ENGINE_HOST``), so targets are 127.0.0.1:<port>."""
     interval = f"{profile.monitoring.scrape_interval_s}s"
     engine_targets = [
-        {"targets": [f"127.0.0.1:{r.port}"], "labels": {"deployment": dep.name, "role": r.name}}
+        {"targets": [f"{r.listen}:{r.port}"], "labels": {"deployment": dep.name, "role": r.name}}
         for r in dep.roles
     ]
     jobs: list[dict[str, Any]] = [
@@ -156,7 +156,8 @@ def recording_rules(dep: Deployment) -> list[dict[str, Any]]:
 
 def _engine_role(dep: Deployment) -> str:
     """The role whose series the test cases use: decode in PD (it generates), else engine."""
-    return "decode" if dep.router is not None else dep.roles[0].name
+    names = [r.name for r in dep.roles]
+    return "decode" if "decode" in names else names[0]
 
 
 def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
@@ -310,7 +311,7 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
         ))
 
     # -- PD failures -------------------------------------------------------------------------
-    if dep.router is not None:
+    if dep.pd:
         for metric, name, what, r in (
             ("sglang:num_bootstrap_failed_reqs_total", "DSV4PDBootstrapFailures", "bootstrap",
              "prefill"),

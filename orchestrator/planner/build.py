@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator import __version__
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
-from orchestrator.deployment import Deployment, resolve
+from orchestrator.deployment import Deployment, Placement, resolve
 from orchestrator.errors import InputError, Problem, ProfileError
 from orchestrator.facts import Facts, declared_facts
 from orchestrator.paths import default_profile
@@ -26,7 +26,7 @@ from orchestrator.planner.checks import (
     host_topology_checks,
 )
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
-from orchestrator.planner_model import Action, Check, Plan, PlannedFile
+from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.loader import load_inventory, load_text, locate, read_file
 from orchestrator.profile.schema import Profile
@@ -44,6 +44,7 @@ class PlanContext:
     host_name: str
     host: Host
     inventory_path: Path | None
+    placement: Placement | None = None  # a fleet's (planner/fleet.py); None: the fleet of one
 
 
 def inventory_path_for(profile_path: Path | None, explicit: Path | None) -> Path | None:
@@ -57,21 +58,27 @@ def inventory_path_for(profile_path: Path | None, explicit: Path | None) -> Path
 
 def host_of(profile: Profile, inventory: Inventory | None, inventory_path: Path | None,
             override: str | None = None) -> tuple[str, Host]:
-    """The host entry a profile deploys to (inline, or by name in the inventory)."""
+    """The host entry a profile deploys to (inline, or by name in the inventory). A fleet profile
+    (``hosts:``) names its first host here; :mod:`orchestrator.planner.fleet` plans them all."""
     if override is None and isinstance(profile.host, Host):
         return profile.name, profile.host
+    if override is None and profile.host is None:
+        from orchestrator.planner.fleet import fleet_hosts
+
+        return fleet_hosts(profile, inventory, inventory_path)[0]
     name = override if override is not None else str(profile.host)
     if inventory is None:
         raise ProfileError(
             f"host = {name!r} names an inventory host, but no inventory was found",
             fix="pass --inventory PATH (or set DSV4CTL_INVENTORY), put inventory.yaml beside the "
                 "profile, or define the host inline under 'host:'")
-    if name not in inventory.hosts:
-        known = ", ".join(sorted(inventory.hosts))
+    hosts = inventory.all_hosts()
+    if name not in hosts:
+        known = ", ".join(sorted(hosts))
         raise ProfileError(
             f"host = {name!r} is not in {inventory_path}; it declares: {known}",
             fix=f"use one of: {known}, or add '{name}' to the inventory")
-    return name, inventory.hosts[name]
+    return name, hosts[name]
 
 
 def load_context(profile_path: Path | None, inventory_path: Path | None, *,
@@ -121,11 +128,15 @@ def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployme
     config = cat.config_of(model)
     return resolve(ctx.profile, ctx.host_name, ctx.host,
                    default_index_topk=config.index_topk.value,
-                   max_context_length=config.max_position_embeddings.value)
+                   max_context_length=config.max_position_embeddings.value,
+                   placement=ctx.placement)
 
 
-def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None) -> Plan:
-    """Everything ``dsv4ctl plan`` shows, as one value. Facts default to the host's declaration."""
+def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None, *,
+               static: list[Check] | None = None) -> Plan:
+    """Everything ``dsv4ctl plan`` shows, as one value. Facts default to the host's declaration.
+    ``static``: the profile's static checks when the caller has them already (a fleet computes
+    them once for all its hosts: they read no host field)."""
     from orchestrator.render import render_release  # jinja2; still light (no torch/fabric)
 
     cat = cat or load_catalog()
@@ -134,21 +145,23 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     dep = resolve_deployment(ctx, cat)
 
     # the static half is exactly what `dsv4ctl validate` reports; the rest needs the host
-    static = static_checks(cat, engine, model, dep, ctx.profile)
+    if static is None:
+        static = static_checks(cat, engine, model, dep, ctx.profile)
     checks: list[Check] = [*static]
     checks += host_topology_checks(dep, facts)
-    gpu_checks, gpu = capacity.host_gpu(cat, facts, dep)
-    checks += gpu_checks
-    role_caps, gpu_rows, cap_checks = [], [], []
-    if gpu is not None and not any(c.severity == "error" for c in checks):
-        role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
-            cat, engine, model, dep, ctx.profile, gpu, facts)
-    checks += cap_checks
-    if gpu is not None:
-        checks += rules.gpu_engine_checks(cat, engine, model, dep, gpu, ctx.host, static)
-    disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),
-                                   dep.model_variant)
-    checks += disk_checks
+    role_caps, gpu_rows, cap_checks, disks = [], [], [], []
+    if dep.roles:  # a fleet's router-only host needs no GPU and no checkpoint
+        gpu_checks, gpu = capacity.host_gpu(cat, facts, dep)
+        checks += gpu_checks
+        if gpu is not None and not any(c.severity == "error" for c in checks):
+            role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
+                cat, engine, model, dep, ctx.profile, gpu, facts)
+        checks += cap_checks
+        if gpu is not None:
+            checks += rules.gpu_engine_checks(cat, engine, model, dep, gpu, ctx.host, static)
+        disks, disk_checks = disk_rows(facts, dep.model_path, cat.checkpoint_bytes(model),
+                                       dep.model_variant)
+        checks += disk_checks
     checks += host_key_checks(ctx.host_name, ctx.host)
     checks = apply_acknowledgements(
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
@@ -232,12 +245,25 @@ def _unit(dep: Deployment, role: str) -> str:
 
 def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,
                     facts: Facts | None = None, host_override: str | None = None) -> Plan:
-    ctx = load_context(profile_path, inventory_path, host_override=host_override)
-    return build_plan(ctx, facts)  # catalog errors are DsvErrors already
+    """One host's plan: the profile's host, or ``host_override`` (in a fleet: that host's part of
+    the fleet, planned with the fleet's placement). A fleet profile needs the host named:
+    ``orchestrator.planner.fleet.plan_fleet`` plans them all."""
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    fctx = load_fleet(profile_path, inventory_path, host_override=host_override)
+    if host_override is None and fctx.is_fleet:
+        raise ProfileError(
+            f"profile {fctx.profile.name!r} targets a fleet ({', '.join(fctx.placement.hosts)}); "
+            "one host's plan needs the host named",
+            fix="name the host (--host NAME), or plan the whole fleet with `dsv4ctl plan`")
+    name = host_override or fctx.hosts[0][0]
+    fp = plan_fleet(fctx, {name: facts} if facts is not None else None)
+    return fp.plan(name)  # catalog errors are DsvErrors already
 
 
-def save_plan(plan: Plan, path: Path) -> None:
-    """Write a plan for `dsv4ctl apply PLAN.json` (file contents included; secrets never are)."""
+def save_plan(plan: Plan | FleetPlan, path: Path) -> None:
+    """Write a plan for `dsv4ctl apply PLAN.json` (file contents included; secrets never are).
+    A fleet's plan is one file with every host's plan."""
     data = plan.model_dump(mode="json")
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     tmp = path.with_name(path.name + ".tmp")

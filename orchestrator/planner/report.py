@@ -65,8 +65,17 @@ def _topology(plan: Plan) -> str:
         extra = f" EP{r.ep}" if r.ep > 1 else ""
         extra += f" attn-DP{r.attn_dp}" if r.attn_dp > 1 else ""
         parts.append(f"{r.name} GPUs {','.join(map(str, r.gpus))} TP{r.tp}{extra}")
-    mode = "pd" if dep.router else "colocated"
+    if not parts and dep.router is not None:
+        return f"router only (the fleet's sglang-router, {len(_workers(plan))} engines behind it)"
+    mode = "pd" if dep.pd else "colocated"
     return f"{mode}: " + "; ".join(parts)
+
+
+def _workers(plan: Plan) -> list[str]:
+    r = plan.deployment.router
+    if r is None:
+        return []
+    return [u for u, _ in r.prefill] + list(r.decode) + list(r.worker_urls)
 
 
 def check_lines(c: Check, *, verbose: bool = False) -> list[str]:

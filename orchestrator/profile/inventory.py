@@ -4,13 +4,27 @@ A host entry says how to reach it (address, user, port, key, optional jump host)
 there (systemd at system or user scope), where releases live, and its declared facts (GPUs, disks, models
 already present). The declared facts let ``dsv4ctl plan`` work with no host reachable; ``--host`` replaces
 them with probed ones.
+
+A group (issue 23) is a fleet of hosts a profile can target with ``hosts: GROUP``: its ``defaults``
+are host fields every member shares, and each member gives what is its own (address) and what differs
+(GPU count, disks, install root), a member's field replacing the default's as a whole. Every host
+name, top-level or a group member, names one host: ``host: NAME`` and ``--host NAME`` find either.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from orchestrator.profile.types import (
     AbsPath,
@@ -124,7 +138,9 @@ class Host(_Strict):
         "units; apply creates it as a system user without a login shell if it is missing). In user "
         "scope the units run as the SSH user, whose `systemd --user` manages them.",
     )
-    gpus: DeclaredGpus = Field(description="Declared GPUs, used when the host is not probed.")
+    gpus: DeclaredGpus | None = Field(
+        description="Declared GPUs, used when the host is not probed; null for a host that runs "
+        "no engine (a fleet's router host).")
 
     @model_validator(mode="after")
     def _service_user_not_root(self) -> Host:
@@ -136,9 +152,110 @@ class Host(_Strict):
     models: list[PresentModel] = Field(
         default_factory=list, description="Checkpoints already present on the host."
     )
+    service_address: Annotated[str, Field(pattern=r"^[0-9a-fA-F.:]+$")] | None = Field(
+        default=None,
+        description="Fleets (issue 23): the IP address this host's engines listen on when the router "
+        "or a PD peer on another host must reach them (the private network between the hosts). "
+        "Unset: the address when it is an IP. A host whose engines only its own router reaches "
+        "keeps them on 127.0.0.1.",
+    )
+    link_gbps: float | None = Field(
+        default=None, gt=0, le=10000,
+        description="Fleets: the speed of the network link between this host and the others, in "
+        "Gbit/s (e.g. 25 for 25GbE). The planner estimates cross-host PD KV transfer time from it.",
+    )
     description: Text | None = None
+
+
+def _optional(field: Any) -> tuple[Any, Any]:
+    ann = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    return ann | None, Field(default=None, description=field.description)
+
+
+# A partial host: every Host field, each optional. Types and ranges are checked where they are
+# written; what only the whole host can answer (a required field, service_user) when the group
+# merges defaults and member.
+HostPatch = create_model(  # type: ignore[call-overload]
+    "HostPatch", __base__=_Strict,
+    **{name: _optional(f) for name, f in Host.model_fields.items()})
+
+
+def _merge_error(member: str, exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "host"
+        if e["type"] == "missing":
+            parts.append(f"{where} is required and neither the group's defaults nor host "
+                         f"'{member}' give it; add {where}: to defaults or to the host")
+        else:
+            parts.append(f"{where}: {e['msg']}")
+    return f"hosts.{member}: " + "; ".join(parts)
+
+
+class HostGroup(_Strict):
+    """A fleet: hosts that run the same profile behind one router (issue 23)."""
+
+    description: Text | None = None
+    defaults: HostPatch = Field(  # type: ignore[valid-type]
+        default_factory=HostPatch,
+        description="Host fields every member shares (user, scope, install_root, gpus, disks, ...).")
+    hosts: dict[Slug, HostPatch | None] = Field(  # type: ignore[valid-type]
+        min_length=1,
+        description="Members in rollout order: each gives its own fields (at least address) and "
+        "overrides where it differs from the defaults (GPU count, disks, install root); a field "
+        "given here replaces the default's as a whole.")
+    _members: dict[str, Host] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _merge(self) -> HostGroup:
+        base = self.defaults.model_dump(exclude_unset=True, by_alias=True)
+        members: dict[str, Host] = {}
+        for name, patch in self.hosts.items():
+            own = patch.model_dump(exclude_unset=True, by_alias=True) if patch is not None else {}
+            try:
+                members[name] = Host.model_validate({**base, **own})
+            except ValidationError as exc:
+                raise ValueError(_merge_error(name, exc)) from None
+        self._members = members
+        return self
+
+    @property
+    def members(self) -> dict[str, Host]:
+        """Each member as a whole host: the defaults with its own fields over them."""
+        return dict(self._members)
 
 
 class Inventory(_Strict):
     api_version: Literal["dsv4ctl/v1"] = Field(default="dsv4ctl/v1", alias="apiVersion")
-    hosts: dict[Slug, Host] = Field(min_length=1)
+    hosts: dict[Slug, Host] = Field(
+        default_factory=dict, description="Hosts by name (a profile's `host: NAME`).")
+    groups: dict[Slug, HostGroup] = Field(
+        default_factory=dict,
+        description="Fleets by name (a profile's `hosts: NAME`): hosts that run one profile "
+        "behind one router (issue 23).")
+
+    @model_validator(mode="after")
+    def _names(self) -> Inventory:
+        if not self.hosts and not self.groups:
+            raise ValueError("the inventory declares no host: add one under 'hosts:' (or a group "
+                             "under 'groups:')")
+        seen: dict[str, str] = {n: "hosts" for n in self.hosts}
+        for g, group in self.groups.items():
+            if g in seen:
+                raise ValueError(f"groups.{g}: the name is also a host ({seen[g]}.{g}); a name "
+                                 "must mean one thing: rename the group or the host")
+            for m in group.hosts:
+                if m in seen:
+                    raise ValueError(f"groups.{g}.hosts.{m}: host '{m}' is already declared "
+                                     f"under {seen[m]}; a host belongs to one place: rename one "
+                                     "of them")
+                seen[m] = f"groups.{g}.hosts"
+            seen[g] = "groups"
+        return self
+
+    def all_hosts(self) -> dict[str, Host]:
+        """Every host by name: the top-level ones, then each group's members."""
+        out = dict(self.hosts)
+        for group in self.groups.values():
+            out.update(group.members)
+        return out

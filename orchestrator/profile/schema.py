@@ -158,6 +158,12 @@ class Role(ServingKnobs):
     env: dict[EnvName, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict, description="Extra environment variables for this role's engine."
     )
+    hosts: list[Slug] | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="Fleets (issue 23): the fleet hosts that run this role. Unset: every host. "
+        "Prefill on some hosts and decode on others is cross-host PD: the KV cache crosses the "
+        "network (the plan estimates its transfer time from the hosts' link_gbps).",
+    )
 
 
 class PrefillRole(Role):
@@ -173,11 +179,22 @@ class Router(_Strict):
     port: Port = Field(default=8000, description="Client-facing port.")
     prometheus_port: Port = Field(default=29000, description="Router metrics port.")
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = "cache_aware"
+    runs_on: Slug | None = Field(
+        default=None,
+        description="Fleets (issue 23): the inventory host that runs the router, one of the "
+        "fleet's hosts or a host of its own (it needs no GPU). Unset: the fleet's first host.",
+    )
 
 
 class ColocatedTopology(_Strict):
     mode: Literal["colocated"]
     engine: Role
+    router: Router | None = Field(
+        default=None,
+        description="Fleets (issue 23): the router in front of every host's engine (regular "
+        "mode). Unset: a fleet of one has none (clients reach the engine), a larger fleet the "
+        "default router on its first host.",
+    )
 
 
 class PDTopology(_Strict):
@@ -324,7 +341,14 @@ class Profile(_Strict):
     api_version: Literal["dsv4ctl/v1"] = Field(default=API_VERSION, alias="apiVersion")
     name: Slug = Field(description="Deployment name; prefixes unit names (dsv4-<name>-<role>).")
     description: Text | None = None
-    host: Slug | Host = Field(description="Inventory host name, or an inline host definition.")
+    host: Slug | Host | None = Field(
+        default=None,
+        description="Inventory host name, or an inline host definition (a fleet of one).")
+    hosts: Slug | Annotated[list[Slug], Field(min_length=1, max_length=4096)] | None = Field(
+        default=None,
+        description="Fleets (issue 23): an inventory group name, or a list of inventory host "
+        "names, that all run this profile behind one router. Give host or hosts, not both.",
+    )
     engine: Engine = Field(default_factory=Engine)
     model: Model
     moe: Moe = Field(default_factory=Moe)
@@ -349,6 +373,19 @@ class Profile(_Strict):
     acknowledge: list[Acknowledgement] = Field(
         default_factory=list, description="Warnings accepted on purpose, by check id."
     )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Profile:
+        if (self.host is None) == (self.hosts is None):
+            raise ValueError(
+                "give exactly one of 'host' (one host: an inventory name or an inline host) or "
+                "'hosts' (a fleet: an inventory group name or a list of host names)"
+                if self.host is None else
+                "'host' and 'hosts' are both set: keep 'host' for one host or 'hosts' for a fleet")
+        if isinstance(self.hosts, list) and len(set(self.hosts)) != len(self.hosts):
+            dup = sorted({h for h in self.hosts if self.hosts.count(h) > 1})
+            raise ValueError(f"hosts lists {', '.join(dup)} more than once; name each host once")
+        return self
 
     def roles(self) -> dict[str, Role]:
         """Engine roles by name, in a stable order."""

@@ -324,7 +324,8 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
         env, "router.service.j2",
         secrets_file=(unit_path(f"{dep.install_root}/secrets/{dep.name}.env", "host.install_root")
                       if pairs else ""),
-        description=_description(dep, f"PD router (sglang-router {dep.router_version})"),
+        description=_description(dep, f"{'PD router' if dep.router.pd else 'router'} "
+                                 f"(sglang-router {dep.router_version})"),
         unit_order=_unit_order(dep, [r.unit for r in dep.roles]),
         start_limit_interval_s=600,
         timeout_start_s=300,
@@ -334,8 +335,9 @@ def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, R
     launch = _render(
         env, "launch.sh.j2",
         header=_header(dep),
-        summary=f"{dep.router.unit}: sglang-router {dep.router_version}, PD "
-                f"{len(dep.router.prefill)} prefill + {len(dep.router.decode)} decode",
+        summary=f"{dep.router.unit}: sglang-router {dep.router_version}, "
+                + (f"PD {len(dep.router.prefill)} prefill + {len(dep.router.decode)} decode"
+                   if dep.router.pd else f"{len(dep.router.worker_urls)} workers"),
         command=_command(program, argv, "topology.router"),
     )
     roles = ("router",)
@@ -353,10 +355,28 @@ def _monitoring_files(profile: Profile, dep: Deployment) -> dict[str, str]:
     return {f"monitoring/{rel}": text for rel, text in release_files(profile, dep).items()}
 
 
+def _drop_unset_fleet_keys(data: dict) -> None:
+    """Fleet fields (issue 23) left unset are not written out: a single-host release record reads
+    as it did before fleets existed (and stays byte-identical), and leaving them out means the
+    same as null."""
+    for key in ("host", "hosts"):
+        if data.get(key) is None:
+            data.pop(key, None)
+    topo = data["topology"]
+    if topo.get("router", {}) is None:
+        topo.pop("router")
+    elif "router" in topo and topo["router"].get("runs_on") is None:
+        topo["router"].pop("runs_on", None)
+    for role in ("engine", "prefill", "decode"):
+        if role in topo and topo[role].get("hosts") is None:
+            topo[role].pop("hosts", None)
+
+
 def resolved_profile_yaml(profile: Profile, dep: Deployment) -> str:
     """The profile with every default written out (ports, index_topk, context length): applyable
     as is, and what a reviewer reads to know exactly what a release ran."""
     data = profile.model_dump(mode="json", by_alias=True)
+    _drop_unset_fleet_keys(data)
     data["attention"]["index_topk"] = dep.index_topk
     data["attention"]["context_length"] = dep.context_length
     topo = data["topology"]

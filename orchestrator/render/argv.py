@@ -32,10 +32,13 @@ from __future__ import annotations
 import json
 
 from orchestrator.catalog.flags import FlagTable
-from orchestrator.deployment import Deployment, RoleDeployment
+from orchestrator.deployment import LOOPBACK, Deployment, RoleDeployment
 from orchestrator.errors import RenderError
 
-ENGINE_HOST = "127.0.0.1"  # engines listen on loopback; clients reach the router (PD) or a proxy
+# engines listen on loopback; clients reach the router (PD) or a proxy. In a fleet (issue 23) an
+# engine that a router or PD peer on another host must reach listens on its host's service address
+# instead (RoleDeployment.listen), never on every interface.
+ENGINE_HOST = LOOPBACK
 
 _SPEC_ALGORITHMS = {"eagle": "EAGLE", "dspark": "DSPARK"}
 
@@ -49,7 +52,8 @@ ENGINE_FLAG_FIELDS: dict[str, str] = {
     "--model-path": "model.path",
     "--served-model-name": "model.served_name",
     "--trust-remote-code": "model.trust_remote_code",
-    "--host": "|engines listen on 127.0.0.1; clients reach them through the router (PD) or a proxy",
+    "--host": "|engines listen on 127.0.0.1 (in a fleet, the host's service_address when another "
+              "host must reach them); clients reach them through the router or a proxy",
     "--port": "topology.{role}.port",
     "--tp-size": "topology.{role}.tp",
     "--ep-size": "topology.{role}.ep",
@@ -130,7 +134,7 @@ def engine_argv(dep: Deployment, role: RoleDeployment) -> list[str]:
     if dep.trust_remote_code:  # runs code from the checkpoint dir: only when the profile asks
         a.append("--trust-remote-code")
     a += [
-        "--host", ENGINE_HOST,
+        "--host", role.listen,
         "--port", str(role.port),
         "--tp-size", str(role.tp),
     ]
@@ -210,7 +214,8 @@ def router_program(dep: Deployment) -> list[str]:
 
 
 def router_argv(dep: Deployment, *, worker_startup_timeout_s: int | None = None) -> list[str]:
-    """Arguments of ``python -m sglang_router.launch_router`` for a PD deployment.
+    """Arguments of ``python -m sglang_router.launch_router``: PD mode (every prefill and decode of
+    the fleet) or, for a colocated fleet (issue 23), regular mode with ``--worker-urls``.
 
     ``--prefill URL BOOTSTRAP_PORT`` always carries the port: omitted, router 0.3.2 takes it as
     "none" (no bootstrap) and PD transfers never start (sglang.md §3).
@@ -219,12 +224,15 @@ def router_argv(dep: Deployment, *, worker_startup_timeout_s: int | None = None)
     """
     r = dep.router
     if r is None:
-        raise RenderError(f"deployment {dep.name!r} has no router (not a PD topology)")
-    a = ["--pd-disaggregation"]
-    for url, port in r.prefill:
-        a += ["--prefill", url, str(port)]
-    for url in r.decode:
-        a += ["--decode", url]
+        raise RenderError(f"deployment {dep.name!r} has no router on host {dep.host!r}")
+    if r.pd:
+        a = ["--pd-disaggregation"]
+        for url, port in r.prefill:
+            a += ["--prefill", url, str(port)]
+        for url in r.decode:
+            a += ["--decode", url]
+    else:
+        a = ["--worker-urls", *r.worker_urls]
     a += [
         "--host", r.host,
         "--port", str(r.port),

@@ -12,15 +12,21 @@ from orchestrator.cli import main
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import plan_from_paths
 from orchestrator.planner.explain import ROLE_SECTIONS, Section, render_explain
+from orchestrator.planner.fleet import load_fleet
 from orchestrator.planner.report import render_text
 
 PROFILES_DIR = data_dir("profiles")
+def _first_engine_plan(path):
+    """The plan of the profile's host, or of a fleet's first host."""
+    return plan_from_paths(path, host_override=load_fleet(path, None).hosts[0][0])
+
+
 SHIPPED = sorted(p for p in PROFILES_DIR.glob("*.yaml") if p.name != "inventory.yaml")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_every_gpu_row_adds_up_to_the_gpu(path: Path) -> None:
-    plan = plan_from_paths(path)
+    plan = _first_engine_plan(path)
     for g in plan.gpus:
         parts = (g.preload_bytes, g.weights_bytes, g.kv_bytes, g.req_to_token_bytes,
                  g.headroom_bytes)
@@ -35,7 +41,7 @@ def _gib(cell: str) -> float:
 def test_plan_table_columns_add_up_to_the_gpu(path: Path) -> None:
     """The text table, as printed: other + weights + KV pool + headroom = the GPU's size (to the
     display's 0.1 GiB per cell), and (unused) is a part of headroom, not a column of its own."""
-    text = render_text(plan_from_paths(path))
+    text = render_text(_first_engine_plan(path))
     head = re.search(r"GPU memory \(\S+, ([\d.]+) GiB each\)", text)
     assert head, text
     total = float(head.group(1))

@@ -15,7 +15,13 @@ from orchestrator.errors import DsvError
 from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import build_plan, load_context, load_plan, plan_from_paths, save_plan
-from orchestrator.planner.report import render_json, render_markdown, render_text
+from orchestrator.planner.fleet import load_fleet, plan_fleet
+from orchestrator.planner.fleet_report import (
+    render_fleet_json,
+    render_fleet_markdown,
+    render_fleet_text,
+)
+from orchestrator.planner.report import render_json, render_text
 
 PROFILES_DIR = data_dir("profiles")
 SHIPPED = sorted(p for p in PROFILES_DIR.glob("*.yaml") if p.name != "inventory.yaml")
@@ -39,17 +45,23 @@ def _ids(plan) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_profiles_plan_without_errors(path: Path) -> None:
-    plan = plan_from_paths(path)
-    assert plan.errors == [], [c.message for c in plan.errors]
+    fleet = plan_fleet(load_fleet(path, None))
+    assert fleet.errors == [], [c.message for c in fleet.errors]
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_golden_plan_text_and_json(path: Path, golden, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the fleet renderers, as `dsv4ctl plan` prints: a single host's output is its plan's,
+    byte for byte (the fleet of one), a fleet's has the summary first."""
     monkeypatch.chdir(PROFILES_DIR.parent)  # plans record the profile path as given: keep it relative
-    plan = plan_from_paths(Path("profiles") / path.name)
-    golden.check(f"plan/{path.stem}.txt", render_text(plan))
-    golden.check(f"plan/{path.stem}.md", render_markdown(plan))
-    golden.check(f"plan/{path.stem}.json", render_json(plan))
+    fleet = plan_fleet(load_fleet(Path("profiles") / path.name, None))
+    if len(fleet.plans) == 1:
+        plan = plan_from_paths(Path("profiles") / path.name)
+        assert render_fleet_text(fleet) == render_text(plan)
+        assert render_fleet_json(fleet) == render_json(plan)
+    golden.check(f"plan/{path.stem}.txt", render_fleet_text(fleet))
+    golden.check(f"plan/{path.stem}.md", render_fleet_markdown(fleet))
+    golden.check(f"plan/{path.stem}.json", render_fleet_json(fleet))
 
 
 def test_plans_are_deterministic() -> None:

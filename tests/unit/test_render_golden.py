@@ -10,15 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.validate.helpers import REPO, render_path, shipped_profiles
+from orchestrator.profile.loader import load_profile
+from tests.validate.helpers import REPO, render_fleet, render_path, shipped_profiles
 
 GOLDEN = REPO / "tests" / "golden" / "render"
 
 
 @pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
 def test_golden_tree(path: Path, golden) -> None:  # type: ignore[no-untyped-def]
-    _, _, tree = render_path(path)
-    files = tree.all_files()
+    """A fleet profile's tree per host: render/<profile>/<host>/..."""
+    if load_profile(path).hosts is not None:
+        files = {f"{host}/{rel}": f for host, tree in render_fleet(path).items()
+                 for rel, f in tree.all_files().items()}
+    else:
+        files = render_path(path)[2].all_files()
     root = GOLDEN / path.stem
     for rel, f in files.items():
         golden.check(f"render/{path.stem}/{rel}", f.content)

@@ -26,10 +26,27 @@ def resolve_profile(profile: Profile, inventory: object = None) -> Deployment:
     from orchestrator.planner.build import PlanContext, host_of, resolve_deployment
     from orchestrator.profile.inventory import Host
 
+    if profile.hosts is not None:  # a fleet: its first host's part of it
+        return resolve_fleet(profile)[0]
     inv = None if isinstance(profile.host, Host) else load_inventory(INVENTORY)
     name, host = host_of(profile, inv, INVENTORY)
     ctx = PlanContext(profile, None, "", name, host, INVENTORY)
     return resolve_deployment(ctx)
+
+
+def resolve_fleet(profile: Profile) -> list[Deployment]:
+    """Every host's deployment of a fleet profile, in rollout order (the router's own host last)."""
+    from orchestrator.planner.build import resolve_deployment
+    from orchestrator.planner.fleet import fleet_context
+
+    fctx = fleet_context(profile, "", None, INVENTORY)
+    return [resolve_deployment(fctx.context(n, h)) for n, h in fctx.all_hosts]
+
+
+def render_fleet(path: Path) -> dict[str, ReleaseTree]:
+    """Each host's release tree of a shipped fleet profile, by host."""
+    profile = load_profile(path)
+    return {d.host: render_release(profile, d) for d in resolve_fleet(profile)}
 
 
 def shipped_profiles() -> list[Path]:
@@ -46,7 +63,15 @@ def with_host(profile: Profile, *, install_root: str | None = None, scope: str |
     inv = load_inventory(INVENTORY)
     data = profile.model_dump(mode="json", by_alias=True)
     if isinstance(profile.host, str):
-        data["host"] = inv.hosts[profile.host].model_dump(mode="json")
+        data["host"] = inv.all_hosts()[profile.host].model_dump(mode="json")
+    if profile.hosts is not None:  # a fleet: its first host, as the fleet of one
+        from orchestrator.planner.fleet import fleet_hosts
+
+        first = fleet_hosts(profile, inv, INVENTORY)[0][1]
+        data["host"] = first.model_dump(mode="json")
+        data.pop("hosts")
+        if (data["topology"].get("router") or {}).get("runs_on"):
+            data["topology"]["router"]["runs_on"] = None
     if install_root is not None:
         data["host"]["install_root"] = install_root
     if scope is not None:
