@@ -271,6 +271,7 @@ class StatusReport:
 def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
     """Differences between what the profile resolved to and what the engine says it runs."""
     from orchestrator.render.argv import engine_argv
+    from orchestrator.render.secrets import strip_secret_args
 
     out = []
     for key, want in (("served_model_name", dep.served_name), ("model_path", dep.model_path),
@@ -282,7 +283,8 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
     if isinstance(launch, str):
         words = shlex.split(launch)
         first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
-        running, wanted = words[first:], engine_argv(dep, role)
+        # secret flags come from the secrets file, not the release: neither compared nor shown
+        running, wanted = strip_secret_args(dep, words[first:]), engine_argv(dep, role)
         if running != wanted:
             extra = sorted(set(running) - set(wanted))[:5]
             missing = sorted(set(wanted) - set(running))[:5]
@@ -316,7 +318,8 @@ def status(host_name: str, host: Host) -> StatusReport:
         rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
-        report = evaluate(remote.http, dep, svc.show(list(units.values())), {})
+        http = _authed_http(remote, store, dep)
+        report = evaluate(http, dep, svc.show(list(units.values())), {})
         by_role: dict[str, list[Any]] = {}
         for r in report.results:
             by_role.setdefault(r.subject, []).append(r)
@@ -343,7 +346,7 @@ def status(host_name: str, host: Host) -> StatusReport:
                 rep.file_drift.append(f"installed unit {unit} differs from the release's")
         for role in dep.roles:
             try:
-                resp = remote.http("GET", role.port, "/server_info", timeout=10)
+                resp = http("GET", role.port, "/server_info", timeout=10)
                 info = resp.json() if resp.status == 200 else None
             except (OSError, ValueError):
                 info = None
@@ -367,6 +370,21 @@ def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:
     return [f"{role}: the engine's KV pool is {live:,} tokens per rank, the plan predicted "
             f"{planned.predicted_tokens:,} ({d:+.1%}, threshold {POOL_DRIFT_THRESHOLD:.0%}); "
             "`dsv4ctl plan --host` now calibrates from the measurement"]
+
+
+def _authed_http(remote: Any, store: Any, dep: Any) -> Any:
+    """``remote.http`` with the engine's API key as a bearer token when the release sets one
+    (SGLang answers 401 on /v1/models and /server_info without it); the key is read from the
+    host's secrets file, the controller need not have it."""
+    import functools
+
+    from orchestrator.render.secrets import SECRET_PREFIX
+
+    name = f"{SECRET_PREFIX}API_KEY"
+    key = store.read_secret(dep.name, name) if name in dep.secret_names else None
+    if not key:
+        return remote.http
+    return functools.partial(remote.http, headers={"Authorization": f"Bearer {key}"})
 
 
 def _unit_file(scope: str, unit: str) -> str:

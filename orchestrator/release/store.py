@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shlex
 import tarfile
 from collections.abc import Callable, Iterable, Mapping
@@ -257,6 +258,25 @@ class ReleaseStore:
         symbolic link removes the link, never its target."""
         self.shell.check(f"rm -f -- {shlex.quote(f'{self.root}/secrets/{name}.env')}", timeout=30,
                          what="removing the secrets file")
+
+
+    def read_secret(self, name: str, key: str) -> str | None:
+        """One value of ``secrets/<name>.env`` (for ``status``'s requests to an engine that wants
+        its API key). Read over the SSH channel's stdout: never in a command line, never printed."""
+        res = self.shell.run(f"cat -- {shlex.quote(f'{self.root}/secrets/{name}.env')} "
+                             "2>/dev/null", timeout=30)
+        for line in res.stdout.splitlines():
+            k, sep, v = line.partition("=")
+            if sep and k == key:
+                return _env_unquote(v)
+        return None
+
+
+def _env_unquote(text: str) -> str:
+    """The inverse of :func:`_env_quote`."""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    return re.sub(r'\\(["\\])', r"\1", text)
 
 
 def _env_quote(value: str) -> str:

@@ -125,6 +125,24 @@ def check_secret_names(dep: Deployment, rendered_env: Iterable[str]) -> None:
                 fix="use one of: " + (", ".join(sorted(known)) or "(none)"))
 
 
+def strip_secret_args(dep: Deployment, words: list[str]) -> list[str]:
+    """An engine command line as reported back (``/server_info``'s ``launch_command``) without
+    the secret flags and their values: compared with the release, and printed, without them."""
+    table = load_flag_table(dep.engine_name, dep.engine_version)
+    out: list[str] = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        spec = table.secret_in(w)
+        if spec is not None:
+            skip = "=" not in w and spec.takes_value
+            continue
+        out.append(w)
+    return out
+
+
 def secret_args(dep: Deployment, engine: str) -> list[tuple[str, str]]:
     """(flag, secret name) pairs the profile sets for ``engine`` (``sglang`` or the router).
 

@@ -20,8 +20,8 @@ HF = "hf_CANARY_2b7e151628aed2a6_host"
 API = "sk-CANARY-3c6e0b8a9c15224a_api"
 
 
-def test_canary_secrets_reach_the_engine_and_nothing_else(env: Env,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_canary_secrets_reach_the_engine_and_nothing_else(
+        env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ITEST_HF", HF)
     monkeypatch.setenv("ITEST_API", API)
     profile = env.profile(secrets={"HF_TOKEN": {"env": "ITEST_HF"},
@@ -39,6 +39,12 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(env: Env,
     unauth = env.fake.exec(f"curl -s -o /dev/null -w '%{{http_code}}' "
                            f"http://127.0.0.1:{port}/v1/models")
     assert unauth.stdout.strip() == "401"
+    # status reads the key from the host's secrets file for its own requests: healthy, no drift
+    capsys.readouterr()
+    rc = env.cli("status", "--host", "h")
+    shown = capsys.readouterr()
+    assert rc == 0, shown.out + shown.err
+    assert API not in shown.out + shown.err
     router_argv = [r["argv"] for r in runs if r.get("mode") == "router"]
     assert router_argv and router_argv[-1][-2:] == ["--api-key", API]  # the engines' key
     for canary in (HF, API):

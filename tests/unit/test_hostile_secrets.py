@@ -200,6 +200,18 @@ def test_secret_removed_from_the_profile_is_removed_from_the_host(tmp_path: Path
     assert not secret.is_symlink() and target.read_text() == "keep"
 
 
+def test_status_reads_a_secret_back(tmp_path: Path) -> None:
+    from orchestrator.release.store import ReleaseStore
+    from tests.unit.test_release import LocalShell
+
+    store = ReleaseStore(LocalShell(), str(tmp_path))  # type: ignore[arg-type]
+    odd = 'k"e\\y$`x'
+    store.write_secrets("dep", {"DSV4_SECRET_API_KEY": odd, "HF_TOKEN": CANARY})
+    assert store.read_secret("dep", "DSV4_SECRET_API_KEY") == odd
+    assert store.read_secret("dep", "NOPE") is None
+    assert store.read_secret("other", "HF_TOKEN") is None
+
+
 def test_upload_without_secrets_removes_the_file() -> None:
     from orchestrator.apply import steps
 
@@ -241,3 +253,20 @@ def test_qualification_sends_the_engine_key(monkeypatch: pytest.MonkeyPatch) -> 
         qualify.run_qualification("http://127.0.0.1:1", None, None,  # type: ignore[arg-type]
                                   api_key=CANARY)
     assert seen["api_key"] == CANARY
+
+
+def test_status_drift_never_shows_a_secret_flag() -> None:
+    from orchestrator.apply import _server_info_drift
+    from orchestrator.render.argv import engine_argv
+
+    profile = _profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X"}})
+    dep = resolve_profile(profile)
+    role = dep.roles[0]
+    argv = engine_argv(dep, role)
+    import shlex
+
+    same = {"launch_command": shlex.join(["sglang", "serve", *argv, "--api-key", CANARY])}
+    assert _server_info_drift(role, dep, same) == []
+    other = {"launch_command": shlex.join(["sglang", "serve", *argv, "--x", f"--api-key={CANARY}"])}
+    (msg,) = _server_info_drift(role, dep, other)
+    assert "--x" in msg and CANARY not in msg
