@@ -25,34 +25,39 @@ class _Side:
     """
 
     def __init__(self, text: str, label: str, profile_path: Path | None, inventory: Path | None,
-                 *, want_plan: bool) -> None:
+                 *, want_plan: bool, host_name: str | None = None) -> None:
         from orchestrator.catalog.errors import CatalogError
-        from orchestrator.planner.build import (
-            PlanContext,
-            build_plan,
-            host_of,
-            inventory_path_for,
-            resolve_deployment,
-        )
-        from orchestrator.profile.inventory import Host
-        from orchestrator.profile.loader import load_inventory, load_text
+        from orchestrator.planner.build import build_plan, resolve_deployment
+        from orchestrator.planner.fleet import fleet_context, plan_fleet
+        from orchestrator.profile.loader import load_text
         from orchestrator.profile.schema import Profile
         from orchestrator.render import render_release
 
         self.label = label
         self.profile = load_text(Profile, text, label)
-        inv_path = inventory_path_for(profile_path, inventory)
-        inv = None
-        if inv_path is not None and not isinstance(self.profile.host, Host):
-            inv = load_inventory(inv_path)
-        name, host = host_of(self.profile, inv, inv_path)
-        ctx = PlanContext(self.profile, Path(label), text, name, host, inv_path)
+        fctx = fleet_context(self.profile, text, Path(label), None if profile_path is None
+                             else _inventory_for(profile_path, inventory))
+        self.fleet = fctx
+        names = [n for n, _ in fctx.all_hosts]
+        name = host_name or names[0]
+        if name not in names:
+            raise DsvError(f"--host {name!r} is not a host of {label}'s fleet ({', '.join(names)})",
+                           fix=f"use one of: {', '.join(names)}")
+        ctx = fctx.context(name, dict(fctx.all_hosts)[name])
         try:
             self.deployment = resolve_deployment(ctx)
             self.tree = render_release(self.profile, self.deployment)
-            self.plan = build_plan(ctx) if want_plan else None
+            self.plan = None
+            if want_plan:
+                self.plan = (plan_fleet(fctx).plan(name) if fctx.is_fleet else build_plan(ctx))
         except CatalogError as exc:  # as plan_from_paths does: a typed error, never a traceback
             raise DsvError(f"{label}: {exc}", fix=getattr(exc, "fix", None)) from None
+
+
+def _inventory_for(profile_path: Path, explicit: Path | None) -> Path | None:
+    from orchestrator.planner.build import inventory_path_for
+
+    return inventory_path_for(profile_path, explicit)
 
 
 def _read(path: Path) -> str:
@@ -67,6 +72,12 @@ _inventory_opt = click.option(
     help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
 
 
+_host_opt = click.option(
+    "--host", "host_name", metavar="NAME", default=None,
+    help="Fleet profiles: the host whose release to show (render default: every host; diff "
+         "default: the fleet's first host).")
+
+
 @click.command()
 @click.argument("profile", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @_inventory_opt
@@ -77,8 +88,9 @@ _inventory_opt = click.option(
 @click.option("--textconv", is_flag=True,
               help="For git diff: print the profile followed by its rendered tree; a profile that "
                    "does not render prints its error instead of failing the whole git diff.")
+@_host_opt
 def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, to_stdout: bool,
-           textconv: bool) -> int:
+           textconv: bool, host_name: str | None) -> int:
     """Render the release tree a host would receive for PROFILE: into DIR with -o, else every file
     of the tree to stdout, one after another (for review; `-` reads the profile from stdin).
 
@@ -91,7 +103,8 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
       profile.yaml                       the resolved profile (every default written out)
       manifest.json                      sha256, mode and restart roles of every file
     Secrets never enter a release: units read <install_root>/secrets/<name>.env (0600).
-    Same profile, byte-identical files.
+    Same profile, byte-identical files. A fleet profile renders every host (with -o, each into
+    DIR/<host>/), or the one --host names.
     """
     from orchestrator.paths import default_profile
 
@@ -108,7 +121,9 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
         echo("# ---- rendered release tree ----", raw=True)
         echo(side.tree.to_text(), nl=False, raw=True)
         return 0
-    side = _Side(text, str(path), path, inventory, want_plan=False)
+    side = _Side(text, str(path), path, inventory, want_plan=False, host_name=host_name)
+    if side.fleet.is_fleet and host_name is None:
+        return _render_fleet(side, text, path, inventory, out_dir, to_stdout)
     if to_stdout:
         echo(side.tree.to_text(), nl=False, raw=True)
     if out_dir is not None:
@@ -118,6 +133,23 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
         echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
                    f"(tree {side.tree.digest()}; roles {', '.join(restarts)})",
                    err=to_stdout)
+    return 0
+
+
+def _render_fleet(first: _Side, text: str, path: Path, inventory: Path | None,
+                  out_dir: Path | None, to_stdout: bool) -> int:
+    """Every host's tree of a fleet, in rollout order; into DIR/<host>/ with -o."""
+    for name, _ in first.fleet.all_hosts:
+        side = _Side(text, str(path), path, inventory, want_plan=False, host_name=name)
+        if to_stdout:
+            echo(f"# ==== host {name} ====", raw=True)
+            echo(side.tree.to_text(), nl=False, raw=True)
+        if out_dir is not None:
+            target = out_dir / name
+            _prepare_out_dir(target, set(side.tree.all_files()))
+            written = side.tree.write(target)
+            echo(f"Rendered {len(written)} files of '{side.profile.name}' for host {name} into "
+                 f"{target} (tree {side.tree.digest()})", err=to_stdout)
     return 0
 
 
@@ -173,6 +205,7 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
 
 @click.command()
 @click.argument("profiles", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@_host_opt
 @click.option("--git", "rev", metavar="REV", default=None,
               help="Compare PROFILE as of git revision REV with the working copy.")
 @_inventory_opt
@@ -184,8 +217,9 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
               show_default=True, help="markdown suits a pull-request comment.")
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the two differ, 0 when they do not (1 on errors).")
-def diff(profiles: tuple[Path, ...], rev: str | None, inventory: Path | None, context: int,
-         verbose: bool, fmt: str, detailed_exitcode: bool) -> int:
+def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
+         inventory: Path | None, context: int, verbose: bool, fmt: str,
+         detailed_exitcode: bool) -> int:
     """Review a profile change: fields, consequences, then the rendered files.
 
     \b
@@ -213,8 +247,8 @@ def diff(profiles: tuple[Path, ...], rev: str | None, inventory: Path | None, co
         old_path_hint, new_path = profiles
         old_text, old_label = _read(old_path_hint), str(old_path_hint)
     new_text = _read(new_path)
-    a = _Side(old_text, old_label, old_path_hint, inventory, want_plan=True)
-    b = _Side(new_text, str(new_path), new_path, inventory, want_plan=True)
+    a = _Side(old_text, old_label, old_path_hint, inventory, want_plan=True, host_name=host_name)
+    b = _Side(new_text, str(new_path), new_path, inventory, want_plan=True, host_name=host_name)
     order = [r.name for r in a.deployment.roles]
     order += [r.name for r in b.deployment.roles if r.name not in order]
     units = {r.name: r.unit for r in (*a.deployment.roles, *b.deployment.roles)}

@@ -249,7 +249,14 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
             if not fctx.is_fleet:
                 raise
             raise _named(exc, name) from None
-    checks = transfer_checks(fctx, plans) if fctx.is_fleet else []
+    checks: list[Check] = []
+    if fctx.is_fleet:
+        from orchestrator.planner.rules import router_flag_checks
+
+        on = fctx.placement.router_on
+        router = next((p.deployment for p in plans if p.host == on), None)
+        checks += router_flag_checks(router, fctx.profile) if router is not None else []
+        checks += transfer_checks(fctx, plans)
     checks = sort_checks(locate_checks(checks, fctx.profile_text, str(fctx.profile_path)))
     return FleetPlan(
         profile_name=fctx.profile.name,

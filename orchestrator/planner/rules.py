@@ -294,6 +294,15 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
     return out
 
 
+def router_flag_checks(dep: Deployment, profile: Profile) -> list[Check]:
+    """The router's command line of a fleet (issue 23: regular mode or PD over every host) against
+    the pinned router's flag table: the profile's static checks see only the fleet of one."""
+    if dep.router is None:
+        return []
+    return [c for c in _flags(dep.model_copy(update={"roles": ()}), profile)
+            if c.subject == "router" or c.id == "engine.flag-table"]
+
+
 # The profile field behind an engine flag, so a flag problem points at what the operator wrote.
 FLAG_FIELDS = {
     "--moe-runner-backend": "moe.runner_backend", "--kv-cache-dtype": "attention.kv_cache_dtype",

@@ -196,3 +196,26 @@ def test_triton_stub_fallback_builds_the_same_parser() -> None:
     stubbed = json.loads(run.stdout)
     table = load_flag_table("sglang", SGLANG_VERSION)
     assert stubbed == table.option_strings()
+
+
+def test_fleet_router_command_lines_pass_the_real_router_parser(tmp_path: Path) -> None:
+    """Issue 23: the one router of a fleet, in regular mode (--worker-urls, every host's engine)
+    and in PD mode (every prefill with its bootstrap port, every decode), as rendered."""
+    import yaml
+
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+    from orchestrator.render.argv import router_argv
+
+    profiles = REPO / "profiles"
+    regular = plan_fleet(load_fleet(profiles / "fleet-3x.yaml", None)).plan("router-1").deployment
+    pd = yaml.safe_load((profiles / "default.yaml").read_text())
+    pd.pop("host")
+    pd["hosts"] = "fleet-3x"
+    (tmp_path / "inventory.yaml").write_text((profiles / "inventory.yaml").read_text())
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pd))
+    pd_dep = plan_fleet(load_fleet(tmp_path / "p.yaml", None)).plan("gpu-a").deployment
+    for dep in (regular, pd_dep):
+        argv = router_argv(dep, worker_startup_timeout_s=1800)
+        assert check_router_argv(argv) == [], argv
+    assert router_argv(regular).count("http://10.0.1.12:30000") == 1
+    assert router_argv(pd_dep).count("--prefill") == 3

@@ -295,3 +295,31 @@ def test_inventory_schema_has_groups(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["schema"]) == 0
     text = capsys.readouterr().out
     assert '"hosts"' in text and '"runs_on"' in text
+
+
+def test_render_writes_every_host_of_a_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tree"
+    assert main(["render", str(PROFILES / "fleet-3x.yaml"), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
+    assert "10.0.1.13" in (out / "gpu-c" / "bin" / "launch-engine.sh").read_text()
+    assert "--worker-urls" in (out / "router-1" / "bin" / "launch-router.sh").read_text()
+    assert not (out / "router-1" / "monitoring").exists()  # no engine there
+    capsys.readouterr()
+    assert main(["render", str(PROFILES / "fleet-3x.yaml"), "--host", "gpu-x"]) == 1
+    assert "not a host of" in capsys.readouterr().err
+
+
+def test_the_fleet_router_command_line_is_checked_against_the_router_flag_table(
+        tmp_path: Path) -> None:
+    """The profile's static checks see the fleet of one (no router in colocated mode): the fleet's
+    router line is checked on its own, an unknown flag value named at its field."""
+    from orchestrator.planner.rules import router_flag_checks
+
+    fctx = load_fleet(PROFILES / "fleet-3x.yaml", None)
+    fleet = plan_fleet(fctx)
+    assert fleet.checks == []
+    dep = fleet.plan("router-1").deployment
+    assert dep.router is not None
+    bad = dep.model_copy(update={"router": dep.router.model_copy(update={"policy": "bucket"})})
+    (c,) = router_flag_checks(bad, fctx.profile)
+    assert c.severity == "error" and c.field == "topology.router.policy" and "bucket" in c.message
