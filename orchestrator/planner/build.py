@@ -271,6 +271,23 @@ def save_plan(plan: Plan | FleetPlan, path: Path) -> None:
     tmp.replace(path)
 
 
+def load_fleet_plan(path: Path) -> FleetPlan:
+    """A fleet's saved plan (``dsv4ctl plan FLEET-PROFILE -o plan.json``)."""
+    text = read_file(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(kind=str(path), problems=[Problem(
+            "", f"not a saved plan: invalid JSON ({exc.msg})", file=str(path), line=exc.lineno,
+            column=exc.colno, fix="create one with `dsv4ctl plan PROFILE -o plan.json`")]) from None
+    if not isinstance(data, dict) or data.get("kind") != "fleet" or data.get("format") != \
+            FleetPlan.model_fields["format"].default:
+        raise InputError(kind=str(path), problems=[Problem(
+            "kind", "not a saved fleet plan of this dsv4ctl version", file=str(path),
+            fix="re-run `dsv4ctl plan FLEET-PROFILE -o plan.json` with this dsv4ctl")])
+    return FleetPlan.model_validate(data)
+
+
 def load_plan(path: Path) -> Plan:
     text = read_file(path)
     try:
@@ -279,6 +296,12 @@ def load_plan(path: Path) -> Plan:
         raise InputError(kind=str(path), problems=[Problem(
             "", f"not a saved plan: invalid JSON ({exc.msg})", file=str(path), line=exc.lineno,
             column=exc.colno, fix="create one with `dsv4ctl plan PROFILE -o plan.json`")]) from None
+    if isinstance(data, dict) and data.get("kind") == "fleet":
+        raise InputError(kind=str(path), problems=[Problem(
+            "kind", f"a fleet's plan ({', '.join(map(str, data.get('hosts') or []))}), not one "
+            "host's", file=str(path), value="'fleet'",
+            fix="apply the fleet from its profile, or save one host's plan with "
+                "`dsv4ctl plan PROFILE --host NAME -o plan.json`")])
     if not isinstance(data, dict) or data.get("format") != Plan.model_fields["format"].default:
         raise InputError(kind=str(path), problems=[Problem(
             "format", "not a saved plan of this dsv4ctl version", file=str(path),

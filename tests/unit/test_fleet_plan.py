@@ -323,3 +323,32 @@ def test_the_fleet_router_command_line_is_checked_against_the_router_flag_table(
     bad = dep.model_copy(update={"router": dep.router.model_copy(update={"policy": "bucket"})})
     (c,) = router_flag_checks(bad, fctx.profile)
     assert c.severity == "error" and c.field == "topology.router.policy" and "bucket" in c.message
+
+
+def test_a_saved_fleet_plan_holds_every_host_and_is_not_taken_for_one_hosts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.planner.build import load_fleet_plan, load_plan
+
+    out = tmp_path / "fleet.json"
+    assert main(["plan", str(PROFILES / "fleet-3x.yaml"), "-o", str(out)]) == 0
+    saved = load_fleet_plan(out)
+    assert [p.host for p in saved.plans] == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
+    assert saved == plan_fleet(load_fleet(PROFILES / "fleet-3x.yaml", None))
+    assert all(f.content for p in saved.plans for f in p.files if not f.sensitive)
+    with pytest.raises(InputError) as info:
+        load_plan(out)
+    assert "a fleet's plan (gpu-a, gpu-b, gpu-c)" in info.value.render()
+
+
+def test_a_list_of_one_host_is_the_fleet_of_one(tmp_path: Path) -> None:
+    p = json.loads(json.dumps(DEFAULT))
+    p.pop("host")
+    p["hosts"] = ["gpu-host"]
+    fleet = plan_fleet(load_fleet(_write(tmp_path, p), None))
+    assert len(fleet.plans) == 1 and fleet.plans[0].deployment.fleet == ()
+    single = plan_from_paths(PROFILES / "default.yaml")
+    def files(plan):  # type: ignore[no-untyped-def]
+        # profile.yaml records the profile as written (hosts: [gpu-host]); the manifest hashes it
+        return [f for f in plan.files if f.path not in ("profile.yaml", "manifest.json")]
+
+    assert files(fleet.plans[0]) == files(single)  # the same units, scripts, env, monitoring
