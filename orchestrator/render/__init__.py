@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.deployment import Deployment, RoleDeployment
+from orchestrator.deployment import LOOPBACK, Deployment, RoleDeployment
 from orchestrator.errors import RenderError
 from orchestrator.profile.schema import ColocatedTopology, Profile
 from orchestrator.render.argv import (
@@ -277,6 +277,17 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         env_lines += [env_file_line(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
     if dep.kernels_bf16_gemms:
         env_lines.append(env_file_line(*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
+    if role.disaggregation_mode is not None and role.listen != LOOPBACK:
+        # A fleet's PD engine hands KV to peers on other hosts. Its transfer endpoint binds
+        # get_local_ip_auto(), which reads SGLANG_HOST_IP before guessing an interface (sglang
+        # 0.5.23 srt/utils/network.py L416-419, srt/disaggregation/common/conn.py L368, L401): on
+        # a host with several networks the guess may not be the private one the peers reach.
+        if "SGLANG_HOST_IP" in names:
+            raise RenderError(f"{field}.env.SGLANG_HOST_IP: dsv4ctl sets it itself in a fleet "
+                              "(from the host's service_address)",
+                              fix=f"remove SGLANG_HOST_IP from {field}.env; set service_address "
+                                  "in the inventory")
+        env_lines.append(env_file_line("SGLANG_HOST_IP", role.listen, "host.service_address"))
     env_lines += [env_file_line(k, v, f"{field}.env.{k}") for k, v in role.env]
 
     root = dep.install_root

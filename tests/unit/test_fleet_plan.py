@@ -352,3 +352,25 @@ def test_a_list_of_one_host_is_the_fleet_of_one(tmp_path: Path) -> None:
         return [f for f in plan.files if f.path not in ("profile.yaml", "manifest.json")]
 
     assert files(fleet.plans[0]) == files(single)  # the same units, scripts, env, monitoring
+
+
+def test_pd_engines_of_a_fleet_pin_their_transfer_address(tmp_path: Path) -> None:
+    """SGLang's KV transfer endpoint binds SGLANG_HOST_IP when set, else a guessed interface:
+    a fleet's PD engine gets its host's service address, a single host's none."""
+    from orchestrator.render import render_release
+
+    path = _write(tmp_path, _pd_fleet())
+    fctx = load_fleet(path, None)
+    dep = plan_fleet(fctx).plan("gpu-b").deployment
+    tree = render_release(fctx.profile, dep)
+    for role in ("prefill", "decode"):
+        assert 'SGLANG_HOST_IP="10.0.1.12"' in tree.files[f"env/{role}.env"].content
+    single = plan_from_paths(PROFILES / "default.yaml")
+    assert not any("SGLANG_HOST_IP" in (f.content or "") for f in single.files)
+    p = _pd_fleet()
+    p["topology"]["decode"]["env"] = {"SGLANG_HOST_IP": "1.2.3.4"}
+    fctx = load_fleet(_write(tmp_path, p), None)
+    with pytest.raises(Exception) as info:
+        plan_fleet(fctx)
+    assert "topology.decode.env.SGLANG_HOST_IP" in str(info.value)
+    assert "host 'gpu-a'" in str(info.value)
