@@ -307,19 +307,28 @@ def transfer_checks(fctx: FleetContext, plans: list[Plan]) -> list[Check]:
                     field="topology.transfer_backend", subject=f"{pre}->{dec}"))
             continue
         gbps = min(v for v in links if v is not None)
-        nbytes = int(cap.bytes_per_token * prompt)
+        # DeepSeek-V4's KV is MLA-style, the same on every attention-TP rank: each decode rank
+        # pulls its own copy from one prefill rank ("For MLA models, we can retrieve KVCache from
+        # only one prefill rank", sglang 0.5.23 srt/disaggregation/common/conn.py L1483-1489),
+        # so a request moves one copy per attention-TP rank of the decode engine
+        dec_cap = next((c for c in by_host[dec].capacity if c.role == "decode"), None)
+        copies = (dec_cap.tp // dec_cap.attn_dp) if dec_cap is not None else 1
+        nbytes = int(cap.bytes_per_token * prompt) * copies
         seconds = nbytes * 8 / (gbps * 1e9)
         key = (f"{gbps:g}", "")
         if key in seen:
             continue
         seen.add(key)
         numbers = {"kv_bytes_per_request": nbytes, "bytes_per_token": round(cap.bytes_per_token, 1),
-                   "prompt_tokens": prompt, "link_gbps": gbps,
-                   "transfer_s": round(seconds, 3), "ttft_budget_s": budget}
+                   "prompt_tokens": prompt, "decode_rank_copies": copies, "link_gbps": gbps,
+                   "transfer_s": round(seconds, 3), "ttft_budget_s": budget,
+                   "max_requests_per_s": round(1 / seconds, 2)}
         what = (f"a {prompt:,}-token prompt (workload.context_tokens) moves "
                 f"{nbytes / 2**30:.2f} GiB of KV per request from prefill on {pre} to decode on "
-                f"{dec} ({cap.bytes_per_token:,.0f} B/token per rank, the pool formula); at "
-                f"{gbps:g} Gbit/s (link_gbps, line rate) that is {seconds:.2f} s")
+                f"{dec} ({cap.bytes_per_token:,.0f} B/token per rank by the pool formula, one copy "
+                f"for each of the decode engine's {copies} attention-TP ranks); at "
+                f"{gbps:g} Gbit/s (link_gbps, line rate) that is {seconds:.2f} s, and the link "
+                f"carries at most {1 / seconds:,.1f} such requests per second")
         if seconds > budget / 2:
             out.append(check(
                 "fleet.pd-transfer-dominates-ttft", "warning",

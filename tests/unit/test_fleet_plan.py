@@ -263,8 +263,10 @@ def test_cross_host_pd_estimates_kv_transfer_and_warns_when_it_dominates_ttft(
     assert [d.name for d in fleet.plan("gpu-b").deployment.roles] == ["decode"]
     (c,) = [c for c in fleet.checks if c.id.startswith("fleet.pd-transfer")]
     bpt = next(x for x in fleet.plan("gpu-a").capacity if x.role == "prefill").bytes_per_token
-    assert c.numbers["kv_bytes_per_request"] == int(bpt * 65536)
-    expect = int(bpt * 65536) * 8 / 25e9  # 25 Gbit/s declared in the inventory
+    # one copy per attention-TP rank of the decode engine (TP4, no attention-DP: 4)
+    assert c.numbers["decode_rank_copies"] == 4
+    assert c.numbers["kv_bytes_per_request"] == int(bpt * 65536) * 4
+    expect = int(bpt * 65536) * 4 * 8 / 25e9  # 25 Gbit/s declared in the inventory
     assert c.numbers["transfer_s"] == round(expect, 3)
     assert c.severity == ("warning" if expect > 10.0 / 2 else "info")
     # a slow link makes it dominate the 10 s TTFT budget
