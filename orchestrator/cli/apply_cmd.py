@@ -36,12 +36,21 @@ def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, accept_new_host_key: bool, **kwargs: Any) -> Any:
         if not accept_new_host_key:
             return fn(*args, **kwargs)
-        from orchestrator.remote.connection import accept_new_host_keys
+        import logging
+
+        from orchestrator.remote.connection import accept_new_host_keys, log
 
         echo("--accept-new-host-key: a host key never seen before will be accepted and "
-                   "recorded (a changed key is still refused)", err=True)
-        with accept_new_host_keys():
-            return fn(*args, **kwargs)
+             "recorded (a changed key is still refused)", err=True)
+        # each key accepted is said on stderr, whatever else configures logging
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        log.addHandler(handler)
+        try:
+            with accept_new_host_keys():
+                return fn(*args, **kwargs)
+        finally:
+            log.removeHandler(handler)
 
     return click.option(
         "--accept-new-host-key", is_flag=True,

@@ -148,3 +148,30 @@ def test_opt_in_creates_the_inventory_known_hosts(hosts: list[FakeHost], tmp_pat
     assert not controller_files[1].exists()
     with connect("h", _host(hosts[0], pinned)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
+
+
+def test_cli_refuses_then_accepts_with_the_flag(hosts: list[FakeHost], tmp_path: Path,
+                                                controller_files: tuple[Path, Path],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`dsv4ctl status` end to end: refused with a fix naming the flag, then accepted with
+    --accept-new-host-key (said on stderr, key recorded), then pinned without it."""
+    import yaml
+
+    from orchestrator.cli import main
+
+    inv = hosts[0].inventory_dict()
+    entry = {k: inv[k] for k in ("address", "port", "user", "key", "scope")}
+    entry.update(install_root=str(tmp_path / "root"), connect_timeout_s=5,
+                 gpus={"model": "rtx-pro-6000-se", "count": 8})
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "dsv4ctl/v1", "hosts": {"h": entry}}))
+    argv = ["status", "--host", "h", "-i", str(path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "is unknown" in err and "--accept-new-host-key" in err
+    main([*argv, "--accept-new-host-key"])
+    out = capsys.readouterr()
+    assert "host h:" in out.out and "accepted the new host key" in out.err
+    assert controller_files[1].read_text() == _line_of(hosts[0])
+    main(argv)
+    assert "host h:" in capsys.readouterr().out
