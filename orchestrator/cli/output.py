@@ -3,10 +3,10 @@ coloured on a terminal only.
 
 Owns the output width and colour. rich decides what the stream is: a terminal gets its width and
 colour (``NO_COLOR`` turns colour off, as https://no-color.org asks; rich honours it), a pipe or file
-gets no colour and :data:`PIPE_WIDTH` columns. Long lines are folded at word boundaries with a
-hanging indent that keeps the line's own indentation, so a check's message stays under its title.
-Machine output (JSON, Prometheus text, a release tree's file contents) is written ``raw``: unfolded
-and uncoloured, byte for byte.
+gets no colour and :data:`PIPE_WIDTH` columns (``COLUMNS`` overrides it). Long lines are folded at
+word boundaries with a hanging indent that keeps the line's own indentation, so a check's message
+stays under its title. Machine output (JSON, Prometheus text, a release tree's file contents) is
+written ``raw``: unfolded and uncoloured, byte for byte.
 
 ``--format json`` commands also record the format here, so the error boundary
 (:func:`orchestrator.cli.main`) can answer a failure as JSON on stdout.
@@ -15,6 +15,7 @@ and uncoloured, byte for byte.
 from __future__ import annotations
 
 import contextvars
+import os
 import re
 import sys
 import textwrap
@@ -53,13 +54,21 @@ def _console(err: bool) -> Any:
     file: IO[str] = raw_stream(sys.stderr if err else sys.stdout)
     console = Console(file=file, highlight=False, soft_wrap=True, emoji=False, markup=False)
     if not console.is_terminal:
-        console.width = PIPE_WIDTH
+        console.width = _pipe_width()
     return console
+
+
+def _pipe_width() -> int:
+    """100 columns, unless COLUMNS says otherwise (the usual way to ask a tool for a width)."""
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return PIPE_WIDTH
 
 
 def width(err: bool = False) -> int:
     c = _console(err)
-    return min(c.width, MAX_WIDTH) if c.is_terminal else PIPE_WIDTH
+    return min(c.width, MAX_WIDTH) if c.is_terminal else c.width
 
 
 def fold(line: str, cols: int) -> list[str]:
@@ -83,7 +92,7 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         click.echo(text, nl=nl, err=err)
         return
     console = _console(err)
-    cols = min(console.width, MAX_WIDTH) if console.is_terminal else PIPE_WIDTH
+    cols = min(console.width, MAX_WIDTH) if console.is_terminal else console.width
     lines = text.split("\n")
     trailing = text.endswith("\n")
     if trailing:

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_pool_30pct_below_is_recorded_flagged_and_calibrated(
-        env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+        env: Env, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # the assertions read whole lines of status output
     prof = env.profile()
     plan0 = env.plan(prof)
     predicted = {c.role: c.max_total_tokens_per_rank for c in plan0.capacity}

@@ -62,7 +62,9 @@ def qualified_profile(decode_bs: int | None = None) -> Profile:
 
 
 def test_qualification_figures_textfile_and_status(env: Env,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # this test reads history's lines whole
     dep = (("deployment", "itest"),)
     # 1. a qualified apply: figures in the record, textfile written
     assert env.apply(qualified_profile(), name="q1.json") == 0

@@ -45,7 +45,9 @@ def _offline_runs(tmp: Path) -> list[list[str]]:
 
 
 def test_every_offline_command_fits_100_columns_in_a_pipe(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # the default, not a width someone asked for
     (tmp_path / "inventory.yaml").write_text((PROFILES / "inventory.yaml").read_text())
     too_wide = []
     for args in _offline_runs(tmp_path):
@@ -137,3 +139,10 @@ def test_progress_is_a_bar_on_a_terminal_and_tenths_in_a_pipe(
     p.update(1.0, "1 req")
     p.close()
     assert "━" in tty.getvalue() and "1 req" in tty.getvalue()  # rich's bar
+
+
+def test_columns_asks_for_another_width_in_a_pipe(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["plan", SHIPPED[0]]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
