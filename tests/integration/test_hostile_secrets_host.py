@@ -11,10 +11,11 @@ import shlex
 
 import pytest
 
-from tests.integration import test_apply
+from tests.integration import test_apply, test_hostile_fs
 from tests.integration.test_apply import ROOT, Env
 
 env = test_apply.env  # the clean fake-host fixture of test_apply, registered here under its name
+victim = test_hostile_fs.victim  # env plus a root-owned /srv/victim a link could point at
 
 HF = "hf_CANARY_2b7e151628aed2a6_host"
 API = "sk-CANARY-3c6e0b8a9c15224a_api"
@@ -72,3 +73,18 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(
     # removed from the profile: removed from the host
     assert env.apply(env.profile(), name="nosecrets.json") == 0
     assert env.fake.exec(f"test -e {secret_file}").returncode != 0
+
+
+def test_planted_secret_file_link_is_refused(victim: Env) -> None:
+    """A link planted at secrets/<name>.env itself (the directory being real): the secret is not
+    written through it, and what it points to is left as it was."""
+    from orchestrator.errors import DsvError
+    from tests.integration.test_hostile_fs import VICTIM, _store, untouched
+
+    victim.fake.exec(f"mkdir -p -m 0700 {ROOT}/secrets && "
+                     f"ln -s {VICTIM}/file {ROOT}/secrets/itest.env", check=True)
+    remote, store = _store(victim)
+    with remote, pytest.raises(DsvError) as exc:
+        store.write_secrets("itest", {"HF_TOKEN": HF})
+    assert "symbolic link" in exc.value.message
+    untouched(victim)
