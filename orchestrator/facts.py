@@ -93,6 +93,10 @@ class Facts(_Frozen):
     # The host's last pool measurement per (role, engine version, model variant): what the
     # planner calibrates its KV-pool prediction with (orchestrator/calibration.py).
     calibration: list[PoolMeasurement] = Field(default_factory=list)
+    current_roles: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="path -> roles that restart when it changes (from the current manifest; only "
+                    "files with roles)")
 
     def fingerprint(self) -> str:
         """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.

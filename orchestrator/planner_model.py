@@ -8,13 +8,14 @@ contents and the fingerprints of its inputs, so apply can refuse it when it has 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.deployment import Deployment, Placement
 
-PLAN_FORMAT = 1  # bump when the JSON shape changes incompatibly
+PLAN_FORMAT = 2  # bump when the JSON shape changes incompatibly
 FLEET_FORMAT = 1  # the fleet plan's JSON shape (planner/fleet.py)
 
 Severity = Literal["error", "warning", "info"]
@@ -132,9 +133,58 @@ class PlannedFile(_Frozen):
 
 
 class Action(_Frozen):
-    kind: Literal["create", "change", "restart", "remove", "start", "stop"]
-    target: str
-    detail: str = ""
+    """One step of a transition (:mod:`orchestrator.planner.transition` computes them)."""
+
+    kind: Literal["create", "change", "remove", "start", "stop", "restart"]
+    target: str  # a release file's path (create/change/remove) or a unit (start/stop/restart)
+    roles: list[str] = Field(default_factory=list)  # roles the file restarts / the unit runs
+    reason: str = ""
+    # what the role's clients see: a router restart drops connections for seconds, an engine
+    # restart reloads the model (minutes)
+    downtime: Literal["none", "seconds", "minutes"] = "none"
+
+
+# the words of the summary line, per action kind (Terraform's "to add" for a created file)
+ACTION_WORDS = {"create": "add", "change": "change", "remove": "remove",
+                "start": "start", "restart": "restart", "stop": "stop"}
+
+
+def count_actions(actions: Iterable[Action]) -> dict[str, int]:
+    """How many actions of each kind, keyed by the summary's words (add, change, ...)."""
+    out = dict.fromkeys(ACTION_WORDS.values(), 0)
+    for a in actions:
+        out[ACTION_WORDS[a.kind]] += 1
+    return out
+
+
+def summarize_actions(actions: Iterable[Action]) -> str:
+    """``3 to add, 1 to change, 0 to remove; 1 to start, 2 to restart, 3 to stop.``: the counts
+    ``plan``, ``diff`` and ``apply`` print (callers put ``Plan:`` or ``Diff:`` before it)."""
+    c = count_actions(actions)
+    return (f"{c['add']} to add, {c['change']} to change, {c['remove']} to remove; "
+            f"{c['start']} to start, {c['restart']} to restart, {c['stop']} to stop.")
+
+
+def plan_line(actions: Sequence[Action], errors: int = 0) -> str:
+    """The one summary line of a plan (and of a diff, which is the plan against the old release).
+    A plan with errors applies nothing, so it says that instead of counting actions."""
+    if errors:
+        return f"Plan: {errors} error{'s' if errors != 1 else ''}; it will not apply."
+    if not actions:
+        return "Plan: no changes."
+    return "Plan: " + summarize_actions(actions)
+
+
+def downtime_text(action: Action) -> str:
+    """What clients see from one unit action, in words (plan and diff print the same)."""
+    if action.downtime == "none":
+        return ""
+    if action.kind == "stop":
+        return ("the router's clients see refused connections" if action.downtime == "seconds"
+                else "this role serves nothing from now on")
+    if action.downtime == "seconds":
+        return "clients see refused connections for seconds"
+    return "the model reloads: this role serves nothing for minutes"
 
 
 class Plan(_Frozen):
@@ -153,8 +203,14 @@ class Plan(_Frozen):
     disks: list[DiskRow]
     checks: list[Check]
     files: list[PlannedFile]
-    actions: list[Action]
-    restarts: list[str]  # roles that restart (downtime)
+    actions: list[Action]  # the transition from the host's current release (planner.transition)
+
+    @property
+    def restarts(self) -> list[str]:
+        """Roles whose running engine or router is replaced (downtime), from the actions."""
+        from orchestrator.planner.transition import roles_restarted
+
+        return roles_restarted(self.actions)
 
     @property
     def errors(self) -> list[Check]:

@@ -30,7 +30,16 @@ from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, RemoteError, StalePlan
 from orchestrator.facts import Facts
 from orchestrator.planner.checks import gb
-from orchestrator.planner_model import Plan
+from orchestrator.planner.transition import (
+    ROLE_ORDER,
+    ReleaseFile,
+    release_from_manifest,
+    roles_affected,
+    transition,
+    unit_plan,
+    units_of,
+)
+from orchestrator.planner_model import Action, Plan, summarize_actions
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
 from orchestrator.release.record import Event, Qualification, ReleaseRecord, last_healthy, plan_id, stamp
@@ -39,17 +48,9 @@ from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.lock import HostLock
 from orchestrator.remote.systemd import ServiceManager
 
-ENGINE_ORDER = ("prefill", "decode", "engine")  # start engines before the router
-
 
 class StepFailed(DsvError):
     """A step's own failure (health, smoke, self-test); the executor decides what follows."""
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    sha256: str | None
-    roles: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,27 +60,11 @@ class Outcome:
     finish: str | None = None  # stop the playbook successfully with this message
 
 
-def manifest_files(doc: dict[str, Any]) -> dict[str, FileInfo]:
-    files = doc.get("files", {}) if isinstance(doc, dict) else {}
-    return {p: FileInfo(v.get("sha256"), tuple(v.get("roles", ()))) for p, v in files.items()}
-
-
-def changed_roles(a: dict[str, FileInfo], b: dict[str, FileInfo]) -> set[str]:
-    """Roles whose inputs differ between two manifests (added, removed or changed files)."""
-    roles: set[str] = set()
-    for path in a.keys() | b.keys():
-        fa, fb = a.get(path), b.get(path)
-        if fa is None or fb is None or fa.sha256 != fb.sha256:
-            roles.update(fa.roles if fa else ())
-            roles.update(fb.roles if fb else ())
-    return roles
-
-
 def role_units(dep: Deployment | None) -> dict[str, str]:
     """role -> unit name, engines first, router last (start order; reverse for stop)."""
     if dep is None:
         return {}
-    out = {r.name: r.unit for r in sorted(dep.roles, key=lambda r: ENGINE_ORDER.index(r.name))}
+    out = {r.name: r.unit for r in sorted(dep.roles, key=lambda r: ROLE_ORDER.index(r.name))}
     if dep.router is not None:
         out["router"] = dep.router.unit
     return out
@@ -101,11 +86,11 @@ class Context:
     journal_prefix: str = ""
     # the transition
     target: str | None = None
-    target_files: dict[str, FileInfo] = field(default_factory=dict)
+    target_files: dict[str, ReleaseFile] = field(default_factory=dict)
     deployment: Deployment | None = None
     profile: Profile | None = None
     from_release: str | None = None
-    from_files: dict[str, FileInfo] = field(default_factory=dict)
+    from_files: dict[str, ReleaseFile] = field(default_factory=dict)
     from_deployment: Deployment | None = None
     # apply only
     plan: Plan | None = None
@@ -113,14 +98,21 @@ class Context:
     tree: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     manifest_sha: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
+    # planner.transition's actions from (from_files, target_files, the units running at preflight):
+    # the only list stop_changed and start_units execute
+    actions: list[Action] = field(default_factory=list)
     # what happened
-    roles_to_restart: set[str] = field(default_factory=set)
     stopped: list[str] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
     switched: bool = False
     rollback_timeout_s: float = 1800.0
     health: str = ""
     records: list[ReleaseRecord] = field(default_factory=list)
+
+    @property
+    def roles_to_restart(self) -> set[str]:
+        """Roles whose process the transition stops, starts or restarts."""
+        return set(roles_affected(self.actions))
 
     def __post_init__(self) -> None:
         self.store = ReleaseStore(self.remote, self.host.install_root)
@@ -147,12 +139,12 @@ class Context:
 
 # ------------------------------------------------------------------------------------ loading ---
 
-def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, FileInfo], Deployment,
+def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, ReleaseFile], Deployment,
                                                                  Profile]:
     """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
     from orchestrator.profile.loader import load_text
 
-    files = manifest_files(store.manifest_doc(release_id))
+    files = release_from_manifest(store.manifest_doc(release_id))
     plan = Plan.model_validate_json(store.read_file(release_id, PLAN))
     profile = load_text(Profile, store.read_file(release_id, "profile.yaml"),
                         f"{release_id}/profile.yaml")
@@ -357,19 +349,38 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     ctx.from_release = current
     if current is not None:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
-    ctx.target_files = manifest_files(json.loads(ctx.tree[MANIFEST][0]))
-    ctx.roles_to_restart = changed_roles(ctx.from_files, ctx.target_files)
-    units = role_units(ctx.deployment)
-    states = ctx.svc.show(list(units.values()))
-    not_running = sorted(r for r, u in units.items() if not (states.get(u) and states[u].running))
-    if not ctx.roles_to_restart and not not_running and current is not None:
+    ctx.target_files = release_from_manifest(json.loads(ctx.tree[MANIFEST][0]))
+    ctx.actions = _transition(ctx)
+    if ctx.actions != plan.actions:
+        # the host moved between planning and now (a unit stopped, a release switched): what was
+        # reviewed is not what would run
+        raise StalePlan("the host changed since planning: the plan says "
+                        f"{summarize_actions(plan.actions)!r}, the host now needs "
+                        f"{summarize_actions(ctx.actions)!r}",
+                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+    if not ctx.actions:
         return Outcome(finish="No changes.", detail="release files identical, all units running")
-    parts = [service_user_note] if service_user_note else []
-    if ctx.roles_to_restart:
-        parts.append("restart " + ", ".join(sorted(ctx.roles_to_restart)))
-    if not_running:
-        parts.append("start " + ", ".join(not_running))
-    return Outcome(detail="; ".join(parts) or "files change, no restarts")
+    note = f"{service_user_note}; " if service_user_note else ""
+    return Outcome(detail=note + _describe(ctx.actions))
+
+
+def _transition(ctx: Context) -> list[Action]:
+    """The transition from the release the host runs to the target, given the units running now
+    (the same function and inputs ``plan`` used)."""
+    units = {*units_of(ctx.from_files).values(), *units_of(ctx.target_files).values()}
+    states = {u: st.active for u, st in ctx.svc.show(sorted(units)).items()
+              if st.loaded != "not-found"}
+    current = ctx.from_files if ctx.from_release is not None else None
+    return transition(current, ctx.target_files, states)
+
+
+def _describe(actions: list[Action]) -> str:
+    parts = [summarize_actions(actions)]
+    for kind in ("stop", "restart", "start"):
+        units = [a.target for a in actions if a.kind == kind]
+        if units:
+            parts.append(f"{kind} {', '.join(units)}")
+    return "; ".join(parts)
 
 
 def rollback_preflight(ctx: Context, step: Any) -> Outcome:
@@ -383,9 +394,8 @@ def rollback_preflight(ctx: Context, step: Any) -> Outcome:
                and not ctx.store.exists(ctx.target, p)]
     if missing:
         raise StepFailed(f"release {ctx.target} lacks {', '.join(missing)}")
-    ctx.roles_to_restart = changed_roles(ctx.from_files, ctx.target_files)
-    return Outcome(detail=f"{ctx.from_release or 'none'} -> {ctx.target}; restart "
-                          f"{', '.join(sorted(ctx.roles_to_restart)) or 'nothing'}")
+    ctx.actions = _transition(ctx)
+    return Outcome(detail=f"{ctx.from_release or 'none'} -> {ctx.target}: {_describe(ctx.actions)}")
 
 
 # ----------------------------------------------------------------------------- upload/kernels ---
@@ -484,13 +494,7 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
 # ------------------------------------------------------------------------- stop/switch/start ---
 
 def stop_changed(ctx: Context, step: Any) -> Outcome:
-    old = role_units(ctx.from_deployment)
-    new = role_units(ctx.deployment)
-    stop = [u for r, u in old.items() if r in ctx.roles_to_restart or u not in new.values()]
-    # a unit of the new deployment may run under a name the old one did not have (renamed
-    # deployment); never leave a changed role running
-    stop += [u for r, u in new.items() if r in ctx.roles_to_restart and u not in stop]
-    stop = list(reversed(stop))  # router first, then decode, prefill
+    stop, _ = unit_plan(ctx.actions)
     stop = ctx.svc.stop(stop) if stop else []
     if not stop:
         return Outcome(detail="nothing to stop")
@@ -522,16 +526,19 @@ def install_units(ctx: Context, step: Any) -> Outcome:
 
 
 def start_units(ctx: Context, step: Any) -> Outcome:
-    units = role_units(ctx.deployment)
-    states = ctx.svc.show(list(units.values()))
-    start = [u for r, u in units.items()
-             if r in ctx.roles_to_restart or not (states.get(u) and states[u].running)]
-    if not start:
+    _, start = unit_plan(ctx.actions)
+    # a unit of the target that stopped since preflight (it crashed) is started too: the target
+    # release is meant to run whole; the journal names it separately
+    units = list(role_units(ctx.deployment).values())
+    states = ctx.svc.show(units)
+    late = [u for u in units if u not in start and not (states.get(u) and states[u].running)]
+    if not start and not late:
         return Outcome(detail="nothing to start")
-    ctx.svc.reset_failed(start)
-    ctx.svc.start(start)
-    ctx.started = start
-    return Outcome(detail="started " + ", ".join(start))
+    ctx.svc.reset_failed(start + late)
+    ctx.svc.start(start + late)
+    ctx.started = start + late
+    return Outcome(detail="started " + ", ".join(start)
+                   + (f"; also {', '.join(late)} (stopped since preflight)" if late else ""))
 
 
 # ------------------------------------------------------------------------------------ health ---

@@ -213,8 +213,9 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
               show_default=True, help="Lines of context in the file diffs.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Show the diffs of every file, not only those that restart a role.")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown"]), default="text",
-              show_default=True, help="markdown suits a pull-request comment.")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+              show_default=True, help="markdown suits a pull-request comment; json has the actions "
+                                      "and counts `plan --format json` has.")
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the two differ, 0 when they do not (1 on errors).")
 def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
@@ -231,7 +232,8 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
     downtime), how weights, KV pool and KV capacity per GPU move and which checks appear or clear
     (from the two plans), then unified diffs of the rendered files.
     """
-    from orchestrator.render.diff import format_markdown, format_text, review
+    from orchestrator.planner.transition import between, outage, release_from_planned
+    from orchestrator.render.diff import format_json, format_markdown, format_text, review
 
     if rev is not None:
         if len(profiles) != 1:
@@ -249,22 +251,16 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
     new_text = _read(new_path)
     a = _Side(old_text, old_label, old_path_hint, inventory, want_plan=True, host_name=host_name)
     b = _Side(new_text, str(new_path), new_path, inventory, want_plan=True, host_name=host_name)
-    order = [r.name for r in a.deployment.roles]
-    order += [r.name for r in b.deployment.roles if r.name not in order]
-    units = {r.name: r.unit for r in (*a.deployment.roles, *b.deployment.roles)}
-    roles_a = {r.name for r in a.deployment.roles}
-    roles_b = {r.name for r in b.deployment.roles}
-    for dep, names in ((a.deployment, roles_a), (b.deployment, roles_b)):
-        if dep.router is not None:
-            names.add("router")
-            units["router"] = dep.router.unit
-    if "router" in roles_a | roles_b:
-        order.append("router")
-    plans = (a.plan, b.plan) if a.plan is not None and b.plan is not None else None
-    d = review(a.profile, b.profile, a.tree, b.tree, role_order=order, units=units,
-               roles_a=roles_a, roles_b=roles_b, plans=plans, context=context)
-    fmt_fn = format_markdown if fmt == "markdown" else format_text
-    text = fmt_fn(d, verbose=verbose)
+    assert a.plan is not None and b.plan is not None
+    # what applying B to a host that runs A does: the transition plan and apply compute
+    actions = between(a.plan.files, b.plan.files)
+    d = review(a.profile, b.profile, a.tree, b.tree, actions=actions,
+               outage=outage(actions, release_from_planned(a.plan.files)),
+               plans=(a.plan, b.plan), context=context)
+    if fmt == "json":
+        text = format_json(d)
+    else:
+        text = (format_markdown if fmt == "markdown" else format_text)(d, verbose=verbose)
     echo(text, nl=False)
     if detailed_exitcode and d.has_changes:
         return int(ExitCode.CHANGES)

@@ -26,14 +26,11 @@ from orchestrator.planner.checks import (
     host_topology_checks,
 )
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
+from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
 from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.loader import load_inventory, load_text, locate, read_file
 from orchestrator.profile.schema import Profile
-
-# Files of a release that describe it rather than configure a service: they change whenever anything
-# changes, so they are not actions of their own.
-_META_FILES = frozenset({"manifest.json", "plan.json", "record.json"})
 
 
 @dataclass(frozen=True)
@@ -172,7 +169,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
                          sensitive=f.sensitive, roles=list(f.roles),
                          content=None if f.sensitive else f.content)
              for p, f in sorted(tree.files.items())]
-    actions, restarts = diff_actions(files, facts, dep)
+    actions = host_transition(files, facts)
     return Plan(
         tool_version=__version__,
         profile_name=ctx.profile.name,
@@ -189,58 +186,17 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         checks=checks,
         files=files,
         actions=actions,
-        restarts=restarts,
     )
 
 
-def diff_actions(files: list[PlannedFile], facts: Facts, dep: Deployment) -> tuple[list[Action], list[str]]:
-    """Actions against the host's current release: created, changed, removed files; restarted roles.
-
-    With declared facts the current release is unknown, so the plan is relative to an empty host.
-    A role whose inputs changed restarts (a model reload: downtime); a role whose unit the current
-    release does not have starts, and a unit the new release no longer has stops.
-    """
-    current = facts.current_files
-    actions: list[Action] = []
-    touched: set[str] = set()
-    new_paths = set()
-    for f in files:
-        if f.path in _META_FILES:
-            continue
-        new_paths.add(f.path)
-        old = current.get(f.path)
-        if old is None:
-            actions.append(Action(kind="create", target=f.path))
-        elif f.sensitive or old != f.sha256:
-            if not f.sensitive:
-                actions.append(Action(kind="change", target=f.path))
-        else:
-            continue
-        touched.update(f.roles)
-    stopped: list[Action] = []
-    for path in sorted(set(current) - new_paths - _META_FILES):
-        actions.append(Action(kind="remove", target=path))
-        if path.startswith("units/"):
-            # a unit that is no longer rendered belongs to a role this profile dropped
-            stopped.append(Action(kind="stop", target=path.removeprefix("units/")))
-    order = [r.name for r in dep.roles] + (["router"] if dep.router else [])
-    lifecycle: list[Action] = []
-    restarts: list[str] = []
-    for role in (r for r in order if r in touched):
-        unit = _unit(dep, role)
-        if f"units/{unit}" not in current:  # a new role (or a host without a release): it starts
-            lifecycle.append(Action(kind="start", target=unit))
-        else:
-            restarts.append(role)
-            lifecycle.append(Action(kind="restart", target=unit,
-                                    detail="" if role == "router" else "model reload"))
-    return actions + stopped + lifecycle, restarts
-
-
-def _unit(dep: Deployment, role: str) -> str:
-    if role == "router" and dep.router is not None:
-        return dep.router.unit
-    return dep.role(role).unit
+def host_transition(files: list[PlannedFile], facts: Facts) -> list[Action]:
+    """The plan's actions: the transition from the host's current release (as probed) to these
+    files, given the units that run. Declared facts know no current release, so the plan is
+    relative to an empty host."""
+    current = (release_from_facts(facts.current_files, facts.current_roles)
+               if facts.current_release is not None else None)
+    states = {u.name: u.active for u in facts.units}
+    return transition(current, release_from_planned(files), states)
 
 
 def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,

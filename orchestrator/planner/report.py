@@ -11,7 +11,7 @@ import json
 import textwrap
 from collections.abc import Sequence
 
-from orchestrator.planner_model import Check, Plan
+from orchestrator.planner_model import Action, Check, Plan, count_actions, downtime_text, plan_line
 
 _SYMBOL = {"create": "+", "change": "~", "remove": "-", "restart": "~>", "start": "+>", "stop": "-<"}
 # What the GPU table's words mean; other + weights + KV pool + headroom = the GPU's memory.
@@ -40,12 +40,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = 
 
 
 def summary_line(plan: Plan) -> str:
-    counts = {k: 0 for k in ("create", "change", "remove")}
-    for a in plan.actions:
-        if a.kind in counts:
-            counts[a.kind] += 1
-    return (f"Plan: {counts['create']} to add, {counts['change']} to change, {counts['remove']} to "
-            f"remove, {len(plan.restarts)} to restart.")
+    """The one summary text, markdown and JSON share (planner_model.plan_line)."""
+    return plan_line(plan.actions, len(plan.errors))
+
+
+def _action_line(a: Action) -> str:
+    reason = "; ".join(x for x in (a.reason, downtime_text(a)) if x)
+    return f"{_SYMBOL[a.kind]:>2} {a.target}" + (f"  ({reason})" if reason else "")
 
 
 def _check_counts(checks: Sequence[Check]) -> str:
@@ -151,14 +152,14 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
         for c in shown:
             lines += check_lines(c, verbose=verbose)
         lines.append("")
-    if plan.actions:
+    if plan.errors:
+        pass  # nothing will be applied: listing what would change invites misreading it
+    elif plan.actions:
         lines.append("Changes:")
-        for a in plan.actions:
-            detail = f"  ({a.detail})" if a.detail else ""
-            lines.append(f"  {_SYMBOL[a.kind]:>2} {a.target}{detail}")
-        if plan.restarts:
-            lines.append(f"  downtime: restarting {', '.join(plan.restarts)} reloads the model "
-                         "(minutes without service for that role)")
+        lines += [f"  {_action_line(a)}" for a in plan.actions]
+        down = _downtime(plan)
+        if down:
+            lines.append(f"  downtime: {down}")
         lines.append("")
         if plan.facts_source == "declared":
             lines.append("  (declared facts: the host's current release is unknown, so changes are "
@@ -173,6 +174,18 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
     else:
         lines.append(summary_line(plan))
     return "\n".join(lines) + "\n"
+
+
+def _downtime(plan: Plan) -> str:
+    """One line on what clients see, from the actions' downtime."""
+    roles = [r for a in plan.actions if a.downtime != "none" for r in a.roles]
+    if not roles:
+        return ""
+    engines = [r for r in roles if r != "router"]
+    if not engines:
+        return "the router restarts: clients see refused connections for seconds"
+    return (f"{', '.join(dict.fromkeys(engines))} stop or restart and reload the model: requests "
+            "to them fail for minutes, until they are ready again")
 
 
 def render_markdown(plan: Plan) -> str:
@@ -207,12 +220,15 @@ def render_markdown(plan: Plan) -> str:
             if c.fix and not c.acknowledged:
                 lines.append(f"  fix: {c.fix}")
         lines.append("")
-    if plan.actions:
+    if plan.actions and not plan.errors:
         lines += ["<details><summary>Changes</summary>", "", "```diff"]
         for a in plan.actions:
-            sym = {"create": "+", "remove": "-"}.get(a.kind, "!")
-            lines.append(f"{sym} {a.kind} {a.target}" + (f" ({a.detail})" if a.detail else ""))
+            sym = {"create": "+", "remove": "-", "start": "+", "stop": "-"}.get(a.kind, "!")
+            lines.append(f"{sym} {a.kind} {a.target}" + (f" ({a.reason})" if a.reason else ""))
         lines += ["```", "", "</details>", ""]
+        down = _downtime(plan)
+        if down:
+            lines += [f"Downtime: {down}", ""]
     return "\n".join(lines)
 
 
@@ -224,7 +240,9 @@ def render_json(plan: Plan, *, include_content: bool = False) -> str:
     data["summary"] = {
         "errors": len(plan.errors),
         "warnings": sum(1 for c in plan.checks if c.severity == "warning"),
+        "applicable": not plan.errors,
         "changes": len(plan.actions),
+        "counts": count_actions(plan.actions),
         "restarts": plan.restarts,
         "line": summary_line(plan),
     }

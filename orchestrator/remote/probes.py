@@ -347,11 +347,27 @@ def manifest_hashes(text: str) -> dict[str, str]:
                           fix="run `dsv4ctl status` to see the host's state") from exc
 
 
-def probe_current(shell: Shell, install_root: str) -> tuple[str | None, dict[str, str]]:
+def manifest_roles(text: str) -> dict[str, list[str]]:
+    """path -> the roles that restart when it changes, for the files of a manifest that have any
+    (the transition model needs them to know which unit runs which role)."""
+    try:
+        files = json.loads(text)["files"]
+        return {str(p): [str(r) for r in v.get("roles") or ()]
+                for p, v in sorted(files.items()) if v.get("roles")}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise RemoteError(f"the current release's manifest.json is unreadable: {exc}",
+                          fix="run `dsv4ctl status` to see the host's state") from exc
+
+
+def probe_current(shell: Shell, install_root: str
+                  ) -> tuple[str | None, dict[str, str], dict[str, list[str]]]:
+    """The current release id, its files' hashes and their roles."""
     res = shell.run(current_command(install_root), timeout=30)
     if not res.ok:
         raise RemoteError(f"reading the current release failed (exit {res.rc}): {res.stderr[:300]}")
-    return parse_current(res.stdout)
+    release, hashes = parse_current(res.stdout)
+    rest = "\n".join(res.stdout.splitlines()[1:]).strip()
+    return release, hashes, manifest_roles(rest) if hashes and rest else {}
 
 
 # -------------------------------------------------------------------------------- calibration ---
@@ -383,7 +399,7 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
     disk_paths, models = probe_paths(host, model_paths)
     gpus, driver = probe_gpus(shell)
     variants: dict[str, str | None] = {m.path: m.variant for m in host.models}
-    current, files = probe_current(shell, host.install_root)
+    current, files, roles = probe_current(shell, host.install_root)
     return Facts(
         source="probed",
         host=host_name,
@@ -396,4 +412,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         current_release=current,
         current_files=files,
         calibration=probe_calibration(shell, host.install_root),
+        current_roles=roles,
     )

@@ -7,8 +7,9 @@ or clear), and a profile line like ``index_topk: 1024`` hides the launch-line ch
 order is summary first, details after (helm-diff / Terraform habit), concise by default.
 
 Capacity and checks come from two Plans (:class:`orchestrator.planner_model.Plan`) when the caller
-has them; restarts come from the rendered trees (a role restarts when a file it reads changes), so
-they are right even without a plan.
+has them. What starts, stops and restarts is not decided here: the caller passes the actions of
+:func:`orchestrator.planner.transition.between`, the function ``plan`` and ``apply`` use too, so the
+diff's consequences are the ones an apply of NEW on a host running OLD executes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.planner_model import Plan
+from orchestrator.planner_model import Action, Plan, count_actions, downtime_text, plan_line
 from orchestrator.profile.schema import Profile
 from orchestrator.render import ReleaseTree
 
@@ -46,10 +47,8 @@ class FileChange:
 class ReviewDiff:
     fields: list[FieldChange]
     files: list[FileChange]
-    restarts: list[str]  # roles, in deployment order
-    started: list[str]  # roles only in B
-    stopped: list[str]  # roles only in A
-    units: dict[str, str]  # role -> unit name (B's, else A's)
+    actions: list[Action]  # the transition A -> B (planner.transition.between)
+    outage: bool  # no engine of A keeps serving through the change
     capacity: list[str] = field(default_factory=list)  # human lines, from plans
     checks_added: list[str] = field(default_factory=list)
     checks_cleared: list[str] = field(default_factory=list)
@@ -58,6 +57,14 @@ class ReviewDiff:
     @property
     def has_changes(self) -> bool:
         return bool(self.fields or self.files)
+
+    def units(self, kind: str) -> list[Action]:
+        return [a for a in self.actions if a.kind == kind]
+
+    @property
+    def restarts(self) -> list[str]:
+        """Roles restarted, in the actions' order."""
+        return [r for a in self.units("restart") for r in a.roles]
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -69,7 +76,9 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
 
 
 def profile_changes(a: Profile, b: Profile) -> list[FieldChange]:
-    """Changed fields (defaults included), as dotted paths, in schema order."""
+    """Changed fields (defaults included), as dotted paths, in schema order. A field that is unset
+    (null) on one side and absent on the other did not change: switching topology modes used to
+    list every unset field of the other mode as ``null -> (absent)``, 45 of 47 lines."""
     fa: dict[str, Any] = {}
     fb: dict[str, Any] = {}
     _flatten(a.model_dump(mode="json", by_alias=True), "", fa)
@@ -78,6 +87,8 @@ def profile_changes(a: Profile, b: Profile) -> list[FieldChange]:
     out = []
     for k in keys:
         old, new = fa.get(k, _MISSING), fb.get(k, _MISSING)
+        if {id(old), id(new)} & {id(_MISSING)} and None in (old, new):
+            continue
         if old != new:
             out.append(FieldChange(k, old, new))
     return out
@@ -178,18 +189,13 @@ def _plan_lines(pa: Plan, pb: Plan) -> tuple[list[str], list[str], list[str]]:
 
 
 def review(a: Profile, b: Profile, tree_a: ReleaseTree, tree_b: ReleaseTree, *,
-           role_order: list[str], units: dict[str, str], roles_a: set[str], roles_b: set[str],
-           plans: tuple[Plan, Plan] | None = None, context: int = 3) -> ReviewDiff:
-    files = file_changes(tree_a, tree_b, context=context)
-    touched = {r for f in files for r in f.roles}
-    restarts = [r for r in role_order if r in touched and r in roles_a and r in roles_b]
+           actions: list[Action], outage: bool = False, plans: tuple[Plan, Plan] | None = None,
+           context: int = 3) -> ReviewDiff:
     d = ReviewDiff(
         fields=profile_changes(a, b),
-        files=files,
-        restarts=restarts,
-        started=[r for r in role_order if r in roles_b and r not in roles_a],
-        stopped=[r for r in role_order if r in roles_a and r not in roles_b],
-        units=units,
+        files=file_changes(tree_a, tree_b, context=context),
+        actions=actions,
+        outage=outage,
     )
     if plans is not None:
         d.capacity, d.checks_added, d.checks_cleared = _plan_lines(*plans)
@@ -203,23 +209,21 @@ def _show(v: Any) -> str:
     return json.dumps(v, sort_keys=True)
 
 
+_SYMBOL = {"restart": "~>", "start": "+", "stop": "-"}
+
+
 def _consequences(d: ReviewDiff) -> list[str]:
     lines = []
-    engines = [r for r in d.restarts if r != "router"]
-    for r in d.restarts:
-        unit = d.units.get(r, r)
-        if r == "router":
-            lines.append(f"~> restart router ({unit}): clients see refused connections for seconds")
-        else:
-            lines.append(f"~> restart {r} ({unit}): the model reloads; this role serves nothing "
-                         "for minutes (downtime)")
-    for r in d.started:
-        lines.append(f"+ start {r} ({d.units.get(r, r)})")
-    for r in d.stopped:
-        lines.append(f"- stop {r} ({d.units.get(r, r)})")
-    if engines or d.started or d.stopped:
+    for a in (x for x in d.actions if x.kind in _SYMBOL):
+        role = a.roles[0] if a.roles else a.target
+        why = "; ".join(x for x in (a.reason, downtime_text(a)) if x)
+        lines.append(f"{_SYMBOL[a.kind]} {a.kind} {role} ({a.target}): {why}")
+    if d.outage:
+        lines.append("downtime: a full outage; no engine of the old release keeps serving, so "
+                     "requests fail until the new engines are ready (minutes)")
+    elif any(a.downtime == "minutes" for a in d.actions):
         lines.append("downtime: requests fail until every restarted engine is ready again")
-    elif not d.restarts and d.files:
+    elif not d.units("restart") and not d.units("stop") and d.files:
         lines.append("no restart: only files no running process reads changed")
     return lines
 
@@ -229,8 +233,8 @@ def format_text(d: ReviewDiff, *, verbose: bool = False) -> str:
         return "No differences.\n"
     out: list[str] = []
     restart_files = [f for f in d.files if f.roles]
-    out.append(f"Diff: {len(d.fields)} field(s) changed, {len(d.files)} file(s) differ, "
-               f"{len(d.restarts)} role(s) restart.")
+    out.append(f"Diff: {len(d.fields)} field(s) changed, {len(d.files)} file(s) differ.")
+    out.append(plan_line(d.actions))
     out.append("")
     out.append("Profile changes:")
     out += [f"  {c.path}: {_show(c.old)} -> {_show(c.new)}" for c in d.fields] or ["  (none)"]
@@ -276,12 +280,32 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def format_json(d: ReviewDiff) -> str:
+    """The same review for tools: the actions and their counts exactly as ``plan --format json``
+    reports them."""
+    data = {
+        "fields": [{"path": c.path, "old": None if c.old is _MISSING else c.old,
+                    "new": None if c.new is _MISSING else c.new,
+                    "absent": [s for s, v in (("old", c.old), ("new", c.new)) if v is _MISSING]}
+                   for c in d.fields],
+        "files": [{"path": f.path, "kind": f.kind, "roles": list(f.roles)} for f in d.files],
+        "actions": [a.model_dump(mode="json") for a in d.actions],
+        "summary": {"fields": len(d.fields), "files": len(d.files), "outage": d.outage,
+                    "changes": len(d.actions), "counts": count_actions(d.actions),
+                    "restarts": d.restarts, "line": plan_line(d.actions)},
+    }
+    if d.plans_compared:
+        data.update(capacity=d.capacity, checks_added=d.checks_added,
+                    checks_cleared=d.checks_cleared)
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def format_markdown(d: ReviewDiff, *, verbose: bool = False) -> str:
     if not d.has_changes:
         return "**dsv4ctl diff:** no differences.\n"
     out: list[str] = ["### dsv4ctl diff", ""]
-    out.append(f"**{len(d.fields)}** field(s) changed, **{len(d.files)}** file(s) differ, "
-               f"**{len(d.restarts)}** role(s) restart.")
+    out.append(f"**{len(d.fields)}** field(s) changed, **{len(d.files)}** file(s) differ. "
+               f"**{plan_line(d.actions)}**")
     out += ["", "#### Profile changes", "", "| field | old | new |", "|---|---|---|"]
     for c in d.fields:
         out.append(f"| {_md_code(c.path)} | {_md_code(_show(c.old))} | {_md_code(_show(c.new))} |")

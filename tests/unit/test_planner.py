@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.errors import DsvError
-from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact
+from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, UnitFact
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import build_plan, load_context, load_plan, plan_from_paths, save_plan
 from orchestrator.planner.fleet import load_fleet, plan_fleet
@@ -22,6 +22,7 @@ from orchestrator.planner.fleet_report import (
     render_fleet_text,
 )
 from orchestrator.planner.report import render_json, render_text
+from orchestrator.planner_model import Plan
 
 PROFILES_DIR = data_dir("profiles")
 SHIPPED = sorted(p for p in PROFILES_DIR.glob("*.yaml") if p.name != "inventory.yaml")
@@ -224,6 +225,12 @@ def test_probed_facts_change_the_plan(tmp_path: Path) -> None:
     assert plan.facts_source == "probed" and plan.current_release == "r0001"
 
 
+def _running(plan: Plan) -> list[UnitFact]:
+    """Every unit of ``plan``'s release, active (a host that runs it)."""
+    return [UnitFact(name=f.path.removeprefix("units/"), active="active") for f in plan.files
+            if f.path.startswith("units/")]
+
+
 def test_no_change_plan_against_current_release() -> None:
     ctx = load_context(PROFILES_DIR / "default.yaml", None)
     first = build_plan(ctx)
@@ -231,7 +238,9 @@ def test_no_change_plan_against_current_release() -> None:
     facts = Facts(source="probed", host="gpu-host",
                   gpus=[GpuFact(index=i, name="rtx-pro-6000-se") for i in range(8)],
                   disks=[DiskFact(path="/models", size_bytes=4 * 10**12, free_bytes=2 * 10**12)],
-                  current_release="r0001", current_files=current)
+                  current_release="r0001", current_files=current,
+                  current_roles={f.path: f.roles for f in first.files if f.roles},
+                  units=_running(first))
     plan = build_plan(ctx, facts)
     assert plan.actions == [] and plan.restarts == []
     assert "No changes." in render_text(plan)
@@ -266,7 +275,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "file not found" in capsys.readouterr().err
     assert main(["plan", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["format"] == 1 and data["summary"]["errors"] == 0
+    assert data["format"] == 2 and data["summary"]["errors"] == 0
 
 
 def test_plan_path_imports_no_torch_triton_or_fabric() -> None:
@@ -280,18 +289,20 @@ def test_plan_path_imports_no_torch_triton_or_fabric() -> None:
 def test_topology_switch_stops_dropped_roles_and_starts_new_ones(tmp_path: Path) -> None:
     pd = build_plan(load_context(PROFILES_DIR / "default.yaml", None))
     current = {f.path: f.sha256 for f in pd.files if f.sha256}
+    roles = {f.path: f.roles for f in pd.files if f.roles}
     prof = yaml.safe_load((PROFILES_DIR / "mxfp4-tp8.yaml").read_text())
     prof["name"] = "default"  # same deployment, now colocated
     ctx = load_context(_write(tmp_path, prof), None)
     facts = Facts(source="probed", host="gpu-host",
                   gpus=[GpuFact(index=i, name="rtx-pro-6000-se") for i in range(8)],
                   disks=[DiskFact(path="/models", size_bytes=4 * 10**12, free_bytes=2 * 10**12)],
-                  current_release="r0001", current_files=current)
+                  current_release="r0001", current_files=current, current_roles=roles,
+                  units=_running(pd))
     plan = build_plan(ctx, facts)
     lifecycle = [(a.kind, a.target) for a in plan.actions if a.kind in ("start", "stop", "restart")]
-    assert lifecycle == [("stop", "dsv4-default-decode.service"),
+    assert lifecycle == [("stop", "dsv4-default-router.service"),
+                         ("stop", "dsv4-default-decode.service"),
                          ("stop", "dsv4-default-prefill.service"),
-                         ("stop", "dsv4-default-router.service"),
                          ("start", "dsv4-default-engine.service")]
     assert plan.restarts == []
     assert ("remove", "units/dsv4-default-router.service") in [(a.kind, a.target) for a in plan.actions]

@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 
 from orchestrator.apply.executor import ACTIONS
 from orchestrator.apply.playbook import load_playbook
-from orchestrator.apply.steps import (
-    FileInfo,
-    changed_roles,
-    manifest_files,
-    pick_rollback_target,
-)
+from orchestrator.apply.steps import pick_rollback_target
 from orchestrator.errors import InputError, RemoteError
+from orchestrator.planner.transition import (
+    ReleaseFile,
+    release_from_manifest,
+    roles_affected,
+    transition,
+)
 from orchestrator.release.ids import is_release_id, new_release_id, sequence, sort_ids
 from orchestrator.release.prune import select_prunable
 from orchestrator.release.record import ReleaseRecord, last_healthy
@@ -77,19 +78,26 @@ def test_last_healthy_and_rollback_target() -> None:
 
 
 def test_changed_roles() -> None:
-    a = {"units/x": FileInfo("1", ("decode",)), "bin/p": FileInfo("2", ("prefill",)),
-         "monitoring/m": FileInfo("3", ())}
+    """The roles whose process a transition touches (what a release record calls restarted)."""
+    a = {"units/x": ReleaseFile("1", ("decode",)), "units/p": ReleaseFile("5", ("prefill",)),
+         "bin/p": ReleaseFile("2", ("prefill",)), "monitoring/m": ReleaseFile("3", ())}
+
+    def changed(old: dict, new: dict) -> set[str]:
+        return set(roles_affected(transition(old or None, new, None)))
+
     b = dict(a)
-    assert changed_roles(a, b) == set()
-    b["monitoring/m"] = FileInfo("4", ())
-    assert changed_roles(a, b) == set()  # monitoring changes restart nothing
-    b["units/x"] = FileInfo("9", ("decode",))
-    assert changed_roles(a, b) == {"decode"}
+    assert changed(a, b) == set()
+    b["monitoring/m"] = ReleaseFile("4", ())
+    assert changed(a, b) == set()  # monitoring changes restart nothing (but are changes)
+    assert transition(a, b, None) != []
+    b["units/x"] = ReleaseFile("9", ("decode",))
+    assert changed(a, b) == {"decode"}
     del b["bin/p"]
-    assert changed_roles(a, b) == {"decode", "prefill"}
-    assert changed_roles({}, b) == {"decode"}
-    assert manifest_files({"files": {"a": {"sha256": "h", "roles": ["router"]}}}) == {
-        "a": FileInfo("h", ("router",))}
+    assert changed(a, b) == {"decode", "prefill"}
+    assert changed({}, b) == {"decode", "prefill"}
+    assert release_from_manifest({"files": {"a": {"sha256": "h", "roles": ["router"]},
+                                            "manifest.json": {"sha256": "m"}}}) == {
+        "a": ReleaseFile("h", ("router",))}
 
 
 def test_playbooks_load_and_reference_known_actions(tmp_path: Path) -> None:

@@ -1,0 +1,191 @@
+"""The transition model (issue 21, Deliver 1): one list of actions that plan, diff and apply share.
+
+The symptoms the issue reported, each as a test: `diff` PD 4+4 -> colocated TP8 said "0 role(s)
+restart" while stopping three units and starting one; 45 of its 47 changed fields were
+`null -> (absent)`; the plan's text summary said "0 to restart" while its JSON counted 16 changes;
+a plan with errors still opened with "Plan: 13 to add"; a monitoring-only change was "No changes."
+for apply while plan counted it (issue 20 item 5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.facts import Facts, GpuFact, UnitFact
+from orchestrator.planner.build import build_plan, load_context, plan_from_paths
+from orchestrator.planner.report import render_json, render_markdown, render_text
+from orchestrator.planner.transition import (
+    ReleaseFile,
+    between,
+    release_from_planned,
+    transition,
+    unit_plan,
+)
+from orchestrator.planner_model import count_actions
+from tests.validate.helpers import INVENTORY, PROFILES
+
+SHIPPED = sorted(p for p in PROFILES.glob("*.yaml") if p.name != "inventory.yaml")
+PAIRS = list(itertools.product(SHIPPED, SHIPPED))
+
+
+def _ids(pair: tuple[Path, Path]) -> str:
+    return f"{pair[0].stem}->{pair[1].stem}"
+
+
+def _probed(plan_files: list, units: list[str]) -> Facts:
+    """Facts of a host whose current release is ``plan_files`` and whose ``units`` run."""
+    return Facts(source="probed", host="gpu-host",
+                 gpus=[GpuFact(index=i, name="rtx-pro-6000-se") for i in range(8)],
+                 current_release="r0001",
+                 current_files={f.path: f.sha256 for f in plan_files},
+                 current_roles={f.path: list(f.roles) for f in plan_files if f.roles},
+                 units=[UnitFact(name=u, active="active") for u in units])
+
+
+def _counts_in(line: str) -> dict[str, int]:
+    return {w: int(n) for n, w in re.findall(r"(\d+) to (\w+)", line)}
+
+
+# --------------------------------------------------------------------------------- the model ---
+
+def test_unit_changes_follow_the_files_roles() -> None:
+    a = {"units/u-d.service": ReleaseFile("1", ("decode",)),
+         "units/u-p.service": ReleaseFile("2", ("prefill",)),
+         "bin/launch-decode.sh": ReleaseFile("3", ("decode",)),
+         "monitoring/prometheus.yml": ReleaseFile("4")}
+    assert transition(a, a, None) == []
+    b = {**a, "monitoring/prometheus.yml": ReleaseFile("5")}
+    acts = transition(a, b, None)  # monitoring only: a change, no restart
+    assert [(x.kind, x.target) for x in acts] == [("change", "monitoring/prometheus.yml")]
+    b = {**a, "bin/launch-decode.sh": ReleaseFile("9", ("decode",))}
+    acts = transition(a, b, None)
+    assert [(x.kind, x.target, x.downtime) for x in acts] == [
+        ("change", "bin/launch-decode.sh", "none"), ("restart", "u-d.service", "minutes")]
+    # a unit that does not run is started (it was down), not restarted
+    acts = transition(a, a, {"u-d.service": "active", "u-p.service": "failed"})
+    assert [(x.kind, x.target, x.reason) for x in acts] == [("start", "u-p.service", "not running")]
+    # a changed unit in a crash loop (activating/auto-restart) is stopped and started, so its old
+    # process cannot come back under the new files
+    b = {**a, "bin/launch-decode.sh": ReleaseFile("9", ("decode",))}
+    acts = transition(a, b, {"u-d.service": "activating", "u-p.service": "active"})
+    assert [(x.kind, x.target, x.downtime) for x in acts][1:] == [("restart", "u-d.service", "none")]
+    assert unit_plan(acts) == (["u-d.service"], ["u-d.service"])
+    # a removed role stops; its files' removals are listed too
+    c = {k: v for k, v in a.items() if k != "units/u-p.service"}
+    acts = transition(a, c, None)
+    assert [(x.kind, x.target) for x in acts] == [("remove", "units/u-p.service"),
+                                                 ("stop", "u-p.service")]
+    # no current release: every unit starts
+    acts = transition(None, a, {})
+    assert unit_plan(acts) == ([], ["u-p.service", "u-d.service"])
+
+
+# -------------------------------------------------------------------------------- symptoms ---
+
+def test_diff_pd_to_tp8_counts_the_stops_and_the_start(capsys: pytest.CaptureFixture[str]) -> None:
+    """Symptom: "0 role(s) restart" while its own consequences stopped three units and started
+    one (a full outage). The summary now counts exactly the consequences it lists."""
+    assert main(["diff", str(PROFILES / "default.yaml"), str(PROFILES / "mxfp4-tp8.yaml")]) == 0
+    out = capsys.readouterr().out
+    summary = next(x for x in out.splitlines() if x.startswith("Plan:"))
+    counts = _counts_in(summary)
+    consequences = out.split("Consequences:")[1].split("Capacity:")[0]
+    assert counts["stop"] == consequences.count("  - stop ") == 3
+    assert counts["start"] == consequences.count("  + start ") == 1
+    assert counts["restart"] == consequences.count("~> restart") == 0
+    assert "downtime: a full outage" in consequences
+
+
+def test_diff_fields_have_no_null_to_absent_noise(capsys: pytest.CaptureFixture[str]) -> None:
+    """Symptom: 45 of 47 "changed fields" were `null -> (absent)`."""
+    assert main(["diff", str(PROFILES / "default.yaml"), str(PROFILES / "mxfp4-tp8.yaml")]) == 0
+    out = capsys.readouterr().out
+    fields = out.split("Profile changes:")[1].split("Consequences:")[0].strip().splitlines()
+    assert not [f for f in fields if "null -> (absent)" in f or "(absent) -> null" in f]
+    n = int(re.search(r"Diff: (\d+) field", out).group(1))  # type: ignore[union-attr]
+    assert n == len(fields)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_plan_summary_agrees_across_text_markdown_json(path: Path) -> None:
+    """Symptom: text said "0 to restart" while its JSON counted 16 changes."""
+    plan = plan_from_paths(path)
+    data = json.loads(render_json(plan))
+    text = render_text(plan)
+    md = render_markdown(plan)
+    line = data["summary"]["line"]
+    assert line in text and line in md
+    assert _counts_in(line) == data["summary"]["counts"] == count_actions(plan.actions)
+    assert sum(data["summary"]["counts"].values()) == data["summary"]["changes"] \
+        == len(data["actions"])
+
+
+def test_plan_with_errors_says_it_will_not_apply(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Symptom: a plan with errors still opened with "Plan: 13 to add"."""
+    prof = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    prof["attention"]["index_topk"] = 768
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.read_text())
+    for fmt in ("text", "markdown", "json"):
+        assert main(["plan", str(path), "--format", fmt]) == 1
+        out = capsys.readouterr().out
+        assert "to add" not in out.split("Changes")[0], fmt
+        assert "will not apply" in out, fmt
+        if fmt == "json":
+            assert json.loads(out)["summary"]["applicable"] is False
+
+
+def test_monitoring_only_change_is_a_change() -> None:
+    """Issue 20 item 5: plan said 5 to change, apply said "No changes." (apply's preflight and
+    plan now both call transition(); apply's use is proven in tests/integration)."""
+    ctx = load_context(PROFILES / "default.yaml", None)
+    base = build_plan(ctx)
+    prof = ctx.profile.model_copy(update={"monitoring": ctx.profile.monitoring.model_copy(
+        update={"scrape_interval_s": 30})})
+    changed = build_plan(type(ctx)(prof, ctx.profile_path, ctx.profile_text, ctx.host_name,
+                                   ctx.host, ctx.inventory_path))
+    units = [f.path.removeprefix("units/") for f in base.files if f.path.startswith("units/")]
+    plan = build_plan(type(ctx)(prof, ctx.profile_path, ctx.profile_text, ctx.host_name,
+                                ctx.host, ctx.inventory_path), _probed(base.files, units))
+    kinds = {(a.kind, a.target) for a in plan.actions}
+    assert ("change", "monitoring/prometheus.yml") in kinds
+    assert not [a for a in plan.actions if a.kind in ("start", "stop", "restart")]
+    assert plan.has_changes and "no changes" not in render_text(plan).lower()
+    assert plan.actions == between(base.files, changed.files)
+
+
+# ------------------------------------------------------------------- diff = plan, every pair ---
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_diff_and_plan_compute_the_same_actions(pair: tuple[Path, Path],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """For every ordered pair of shipped profiles: `diff A B` lists the actions (and counts) that
+    `plan B` shows against a host whose current release is A with all its units running."""
+    a_path, b_path = pair
+    a = plan_from_paths(a_path)
+    units = [f.path.removeprefix("units/") for f in a.files if f.path.startswith("units/")]
+    b = plan_from_paths(b_path, facts=_probed(a.files, units))
+    assert main(["diff", str(a_path), str(b_path), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["actions"] == [x.model_dump(mode="json") for x in b.actions]
+    assert d["summary"]["counts"] == json.loads(render_json(b))["summary"]["counts"]
+    assert d["summary"]["line"] == json.loads(render_json(b))["summary"]["line"]
+    assert d["summary"]["restarts"] == b.restarts
+    for fmt in ("text", "markdown"):
+        assert main(["diff", str(a_path), str(b_path), "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        if b.actions:
+            assert d["summary"]["line"] in out, fmt
+        else:
+            assert "no differences" in out.lower(), fmt
+    assert b.actions == between(a.files, b.files)
+    assert release_from_planned(b.files)  # the desired release is the plan's files
