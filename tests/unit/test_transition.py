@@ -189,3 +189,19 @@ def test_diff_and_plan_compute_the_same_actions(pair: tuple[Path, Path],
             assert "no differences" in out.lower(), fmt
     assert b.actions == between(a.files, b.files)
     assert release_from_planned(b.files)  # the desired release is the plan's files
+
+
+def test_switching_deployments_frees_the_old_releases_ports() -> None:
+    """PD 4+4 and colocated TP8 both use engine_info_bootstrap_port 6789: the transition stops
+    the old units before the new ones start, so a port they hold is not "in use" for the plan
+    (it was an error that blocked every switch between the shipped profiles on a real host)."""
+    a = plan_from_paths(PROFILES / "default.yaml")
+    units = [f.path.removeprefix("units/") for f in a.files if f.path.startswith("units/")]
+    ports = [r.port for r in a.deployment.roles] + [6789, 8000]
+    facts = _probed(a.files, units).model_copy(update={"ports_in_use": ports})
+    b = plan_from_paths(PROFILES / "mxfp4-tp8.yaml", facts=facts)
+    assert "host.port-in-use" not in {c.id for c in b.checks}
+    # a port held by something that is not the current release still is an error
+    other = facts.model_copy(update={"units": [], "current_files": {}, "current_roles": {}})
+    b = plan_from_paths(PROFILES / "mxfp4-tp8.yaml", facts=other)
+    assert "host.port-in-use" in {c.id for c in b.errors}
