@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.output import echo
+from orchestrator.cli.output import echo, format_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 
@@ -213,9 +213,9 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
               show_default=True, help="Lines of context in the file diffs.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Show the diffs of every file, not only those that restart a role.")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
-              show_default=True, help="markdown suits a pull-request comment; json has the actions "
-                                      "and counts `plan --format json` has.")
+@format_option(("text", "markdown", "json"),
+               help_text="markdown suits a pull-request comment; json has the actions and counts "
+                         "`plan --format json` has.")
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the two differ, 0 when they do not (1 on errors).")
 def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
@@ -258,10 +258,9 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
                outage=outage(actions, release_from_planned(a.plan.files)),
                plans=(a.plan, b.plan), context=context)
     if fmt == "json":
-        text = format_json(d)
+        echo(format_json(d), nl=False, raw=True)
     else:
-        text = (format_markdown if fmt == "markdown" else format_text)(d, verbose=verbose)
-    echo(text, nl=False)
+        echo((format_markdown if fmt == "markdown" else format_text)(d, verbose=verbose), nl=False)
     if detailed_exitcode and d.has_changes:
         return int(ExitCode.CHANGES)
     return 0

@@ -304,8 +304,8 @@ def format_markdown(d: ReviewDiff, *, verbose: bool = False) -> str:
     if not d.has_changes:
         return "**dsv4ctl diff:** no differences.\n"
     out: list[str] = ["### dsv4ctl diff", ""]
-    out.append(f"**{len(d.fields)}** field(s) changed, **{len(d.files)}** file(s) differ. "
-               f"**{plan_line(d.actions)}**")
+    out.append(f"**{len(d.fields)}** field(s) changed, **{len(d.files)}** file(s) differ.")
+    out += ["", f"**{plan_line(d.actions)}**"]
     out += ["", "#### Profile changes", "", "| field | old | new |", "|---|---|---|"]
     for c in d.fields:
         out.append(f"| {_md_code(c.path)} | {_md_code(_show(c.old))} | {_md_code(_show(c.new))} |")

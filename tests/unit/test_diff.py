@@ -65,9 +65,9 @@ def test_acceptance_restarts_memory_and_unit_diffs(acceptance_pair: tuple[Path, 
     assert rc == 2, err
     assert "attention.index_topk: 512 -> 1024" in out
     assert "topology.decode.tp: 4 -> 2" in out
+    flat = " ".join(out.split())  # lines are folded at 100 columns in a pipe
     for role in ("prefill", "decode"):
-        line = next(x for x in out.splitlines()
-                    if x.strip().startswith(f"~> restart {role} (dsv4-default-{role}.service):"))
+        line = flat.split(f"~> restart {role} (dsv4-default-{role}.service):")[1].split("~>")[0]
         assert "the model reloads" in line
     assert "0 to start, 2 to restart, 0 to stop." in out
     assert "downtime" in out and "router" not in out.split("Capacity")[0].split("Consequences")[1]
