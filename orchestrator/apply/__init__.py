@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.errors import DsvError
 from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
-from orchestrator.release.record import ReleaseRecord
+from orchestrator.release.record import rollback_target
 
 Out = Callable[[str], None]
 
@@ -108,16 +108,6 @@ def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:
         out(f"metrics textfile: {path}")
 
 
-def default_rollback_target(records: list[ReleaseRecord], current: str | None) -> str | None:
-    """The last healthy release before the current one (by sequence)."""
-    from orchestrator.release.ids import sequence
-
-    cur = sequence(current) if current else None
-    ok = [r.id for r in records if r.status == "healthy" and r.id != current
-          and (cur is None or sequence(r.id) < cur)]
-    return max(ok, key=sequence) if ok else None
-
-
 def rollback(host_name: str, host: Host, target: str | None, *, out: Out, command: str) -> Any:
     from orchestrator.apply.executor import Runner
     from orchestrator.apply.steps import Context
@@ -131,7 +121,7 @@ def rollback(host_name: str, host: Host, target: str | None, *, out: Out, comman
         records = ctx.store.read_records()
         current = ctx.store.current()
         if target is None:
-            target = default_rollback_target(records, current)
+            target = rollback_target(records, current)
             if target is None:
                 raise DsvError(f"no healthy release before {current or 'none'} on host "
                                f"'{host_name}'", fix=f"see `dsv4ctl history --host {host_name}`")

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.apply.playbook import Playbook, load_playbook
-from orchestrator.apply.steps import ACTIONS, Context, pick_rollback_target, role_units
+from orchestrator.apply.steps import ACTIONS, Context, role_units
 from orchestrator.errors import ApplyFailed, DsvError, Interrupted, RemoteError
-from orchestrator.release.record import ReleaseRecord, utcnow
+from orchestrator.release.record import ReleaseRecord, rollback_target, utcnow
 
 
 @dataclass
@@ -249,7 +249,7 @@ class Runner:
                 restored, how = False, "automatic rollback is off (rollout.rollback_on_failure)"
             else:
                 records = ctx.store.read_records()
-                target = pick_rollback_target(records, ctx.from_release, ctx.target)
+                target = rollback_target(records, ctx.from_release, failed=ctx.target)
                 rec.rollback_target = target
                 ctx.save_record()
                 with deferred_sigint(self.out):

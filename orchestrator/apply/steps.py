@@ -42,7 +42,7 @@ from orchestrator.planner.transition import (
 from orchestrator.planner_model import Action, Plan, summarize_actions
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
-from orchestrator.release.record import Event, Qualification, ReleaseRecord, last_healthy, plan_id, stamp
+from orchestrator.release.record import Event, Qualification, ReleaseRecord, plan_id, stamp
 from orchestrator.release.store import MANIFEST, PLAN, ReleaseStore, release_files
 from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.lock import HostLock
@@ -665,16 +665,6 @@ ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
     "record_healthy": record_healthy,
     "record_rollback": record_rollback,
 }
-
-
-def pick_rollback_target(records: list[ReleaseRecord], base: str | None, failed: str | None
-                         ) -> str | None:
-    """The release to restore after a failed apply: the one that was serving when it started if it
-    was healthy, else the newest healthy one (never the failed release)."""
-    by_id = {r.id: r for r in records}
-    if base and base != failed and by_id.get(base) and by_id[base].status == "healthy":
-        return base
-    return last_healthy(records, exclude=[x for x in (failed,) if x])
 
 
 __all__ = ["ACTIONS", "Context", "Outcome", "RemoteError", "StepFailed"]

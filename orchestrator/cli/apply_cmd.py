@@ -18,7 +18,7 @@ import click
 
 from orchestrator.cli.options import verbose_option
 from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
-from orchestrator.errors import DsvError, ExitCode, InputError, Problem
+from orchestrator.errors import DsvError, ExitCode
 
 _inventory_opt = click.option(
     "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -68,59 +68,20 @@ def _command_line() -> str:
     return "dsv4ctl " + " ".join(sys.argv[1:]) if sys.argv else "dsv4ctl"
 
 
-def _find_inventory(inventory: Path | None, near: Path | None) -> Path:
-    if inventory is not None:
-        return inventory
-    candidates = ([near.parent / "inventory.yaml"] if near is not None else []) + [
-        Path("inventory.yaml")]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise InputError(kind="inventory", problems=[Problem(
-        path="", message="no inventory file found (looked for "
-        + ", ".join(str(c) for c in candidates) + ")",
-        fix="pass --inventory PATH or set DSV4CTL_INVENTORY")])
-
-
 def resolve_host(profile_path: Path | None, inventory: Path | None, host_name: str | None
                  ) -> tuple[str, Any]:
-    """(host name, Host) from --host / the profile's host, looked up in the inventory (an inline
-    host in the profile needs no inventory)."""
-    from orchestrator.profile import load_inventory, load_profile
-    from orchestrator.profile.inventory import Host
+    """(host name, Host) from --host / the profile's host, found the way `plan` finds it
+    (orchestrator.planner.build: the inventory beside the profile, then ./inventory.yaml)."""
+    from orchestrator.planner.build import inventory_path_for, load_context, lookup_host
+    from orchestrator.profile import load_inventory
 
     if profile_path is not None and host_name is None:
-        prof = load_profile(profile_path)
-        if isinstance(prof.host, Host):
-            return prof.name, prof.host
-        host_name = prof.host
+        ctx = load_context(profile_path, inventory)
+        return ctx.host_name, ctx.host
     if host_name is None:
         raise DsvError("which host?", fix="pass a PROFILE or --host NAME")
-    inv = load_inventory(_find_inventory(inventory, profile_path))
-    if host_name not in inv.hosts:
-        raise DsvError(f"host '{host_name}' is not in the inventory",
-                       fix="known hosts: " + ", ".join(sorted(inv.hosts)))
-    return host_name, inv.hosts[host_name]
-
-
-def _load_plan(path: Path) -> Any:
-    from pydantic import ValidationError
-
-    from orchestrator.planner_model import PLAN_FORMAT, Plan
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DsvError(f"cannot read plan {path}: {exc.strerror}") from exc
-    try:
-        plan = Plan.model_validate_json(text)
-    except ValidationError as exc:
-        raise DsvError(f"{path} is not a dsv4ctl plan (format {PLAN_FORMAT}): "
-                       f"{exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}",
-                       fix="create it with `dsv4ctl plan --host NAME -o plan.json`") from None
-    if any(f.content is None and not f.sensitive for f in plan.files):
-        raise DsvError(f"{path} holds no file contents", fix="save plans with `dsv4ctl plan -o`")
-    return plan
+    inv_path = inventory_path_for(profile_path, inventory)
+    return lookup_host(host_name, load_inventory(inv_path) if inv_path else None, inv_path)
 
 
 def _is_plan_file(path: Path) -> bool:
@@ -193,7 +154,9 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
 
     path = source or default_profile()
     if _is_plan_file(path):
-        plan = _load_plan(path)
+        from orchestrator.planner.build import load_plan
+
+        plan = load_plan(path)
         name, host = resolve_host(None, inventory, host_name or plan.host)
         saved = True
     else:

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from orchestrator import __version__
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
 from orchestrator.deployment import Deployment, Placement, resolve
@@ -63,7 +65,13 @@ def host_of(profile: Profile, inventory: Inventory | None, inventory_path: Path 
         from orchestrator.planner.fleet import fleet_hosts
 
         return fleet_hosts(profile, inventory, inventory_path)[0]
-    name = override if override is not None else str(profile.host)
+    return lookup_host(override if override is not None else str(profile.host), inventory,
+                       inventory_path)
+
+
+def lookup_host(name: str, inventory: Inventory | None, inventory_path: Path | None
+                ) -> tuple[str, Host]:
+    """The inventory's host ``name`` (every command that names a host finds it here)."""
     if inventory is None:
         raise ProfileError(
             f"host = {name!r} names an inventory host, but no inventory was found",
@@ -263,4 +271,15 @@ def load_plan(path: Path) -> Plan:
             "format", "not a saved plan of this dsv4ctl version", file=str(path),
             value=repr(data.get("format")) if isinstance(data, dict) else None,
             fix="re-run `dsv4ctl plan PROFILE -o plan.json` with this dsv4ctl")])
-    return Plan.model_validate(data)
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(kind=str(path), problems=[Problem(
+            ".".join(str(x) for x in first["loc"]), f"not a saved plan: {first['msg']}",
+            file=str(path), fix="create it with `dsv4ctl plan --host NAME -o plan.json`")]) from None
+    if any(f.content is None for f in plan.files):
+        raise InputError(kind=str(path), problems=[Problem(
+            "files", "the plan holds no file contents (a `--format json` print, not a saved plan)",
+            file=str(path), fix="save plans with `dsv4ctl plan --host NAME -o plan.json`")])
+    return plan

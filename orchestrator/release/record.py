@@ -127,10 +127,31 @@ def plan_id(plan: Plan) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def last_healthy(records: Iterable[ReleaseRecord], *, exclude: Iterable[str] = ()) -> str | None:
-    """The newest release that passed its health checks (by sequence), excluding ``exclude``."""
+def last_healthy(records: Iterable[ReleaseRecord], *, exclude: Iterable[str] = (),
+                 before: str | None = None) -> str | None:
+    """The newest release that passed its health checks (by sequence), excluding ``exclude``
+    and, with ``before``, only releases older than that one."""
     from orchestrator.release.ids import sequence
 
     skip = set(exclude)
-    ok = [r.id for r in records if r.status == "healthy" and r.id not in skip]
+    limit = sequence(before) if before else None
+    ok = [r.id for r in records if r.status == "healthy" and r.id not in skip
+          and (limit is None or sequence(r.id) < limit)]
     return max(ok, key=sequence) if ok else None
+
+
+def rollback_target(records: list[ReleaseRecord], current: str | None, *,
+                    failed: str | None = None) -> str | None:
+    """The one rule for which release a rollback restores.
+
+    After a failed apply (``failed``: the release that failed; ``current``: the one serving when
+    the apply began): that one if it was healthy, else the newest healthy release, never the
+    failed one. ``dsv4ctl rollback`` without a release (``failed`` None): the newest healthy
+    release before ``current``.
+    """
+    if failed is None:
+        return last_healthy(records, exclude=[current] if current else [], before=current)
+    by_id = {r.id: r for r in records}
+    if current and current != failed and by_id.get(current) and by_id[current].status == "healthy":
+        return current
+    return last_healthy(records, exclude=[failed])

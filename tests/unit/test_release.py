@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from orchestrator.apply.executor import ACTIONS
 from orchestrator.apply.playbook import load_playbook
-from orchestrator.apply.steps import pick_rollback_target
 from orchestrator.errors import InputError, RemoteError
 from orchestrator.planner.transition import (
     ReleaseFile,
@@ -27,7 +26,7 @@ from orchestrator.planner.transition import (
 )
 from orchestrator.release.ids import is_release_id, new_release_id, sequence, sort_ids
 from orchestrator.release.prune import select_prunable
-from orchestrator.release.record import ReleaseRecord, last_healthy
+from orchestrator.release.record import ReleaseRecord, last_healthy, rollback_target
 from orchestrator.release.store import ReleaseStore, build_tarball
 from orchestrator.remote.probes import CommandResult
 
@@ -70,11 +69,15 @@ def test_last_healthy_and_rollback_target() -> None:
     rs = [rec(1, "healthy"), rec(2, "healthy"), rec(3, "rolled-back"), rec(4, "applying")]
     assert last_healthy(rs) == rs[1].id
     assert last_healthy(rs, exclude=[rs[1].id]) == rs[0].id
-    # the release serving when the apply began wins, if it was healthy
-    assert pick_rollback_target(rs, rs[0].id, rs[3].id) == rs[0].id
+    # after a failed apply: the release serving when the apply began wins, if it was healthy
+    assert rollback_target(rs, rs[0].id, failed=rs[3].id) == rs[0].id
     # else the newest healthy one, never the failed release itself
-    assert pick_rollback_target(rs, rs[2].id, rs[3].id) == rs[1].id
-    assert pick_rollback_target([rec(1, "failed")], None, None) is None
+    assert rollback_target(rs, rs[2].id, failed=rs[3].id) == rs[1].id
+    assert rollback_target([rec(1, "failed")], None, failed=rec(2, "failed").id) is None
+    # `dsv4ctl rollback` without a release: the newest healthy one before current
+    assert rollback_target(rs, rs[1].id) == rs[0].id
+    assert rollback_target(rs, rs[0].id) is None
+    assert rollback_target(rs, rs[3].id) == rs[1].id
 
 
 def test_changed_roles() -> None:
