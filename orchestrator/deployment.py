@@ -170,13 +170,6 @@ class Deployment(_Frozen):
                 return r
         raise KeyError(name)
 
-    @property
-    def entry_url(self) -> str:
-        """Where clients (and the smoke test) send requests: the router in PD, else the engine."""
-        if self.router is not None:
-            return f"http://127.0.0.1:{self.router.port}"
-        return self.roles[0].url
-
 
 def unit_name(deployment_name: str, role: str) -> str:
     return f"dsv4-{deployment_name}-{role}.service"

@@ -131,10 +131,6 @@ class CatalogLookupError(DsvError, KeyError):
         return self.message
 
 
-class PlanHasErrors(DsvError):
-    """The plan was computed but has checks of severity error; nothing may be applied."""
-
-
 class RenderError(DsvError):
     """A template failed to render, or rendered output failed a safety check."""
 

@@ -15,9 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.errors import InputError, Problem
 
-CONDITIONS = ("kernels_enabled", "qualify_configured")
-TIMEOUTS = ("health_startup", "rollback")
-
 
 class Step(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

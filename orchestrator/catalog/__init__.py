@@ -10,10 +10,10 @@ Public API::
     cat.gpu("rtx-pro-6000-se") / cat.gpu("NVIDIA H200")
     cat.model("dsv4-flash-mxfp4")              # a ModelVariant
     cat.engine("sglang", "0.5.23")             # EngineRules; cat.router("sglang-router", "0.3.2")
-    weight_bytes_total(model, expert_storage, include_mtp, include_dspark) -> int
-    weight_bytes_per_rank(model, expert_storage, tp, ep, attn_dp, include_mtp, include_dspark)
+    cat.weight_bytes_total(model, expert_storage, include_mtp, include_dspark) -> int
+    cat.weight_bytes_per_rank(model, expert_storage, tp, ep, attn_dp, include_mtp, include_dspark)
         -> WeightBreakdown
-    checkpoint_bytes(model) -> int
+    cat.checkpoint_bytes(model) -> int
 
 Unknown ids raise :class:`UnknownCatalogEntry` (a ``KeyError`` listing the known ids); cases the
 data cannot answer raise :class:`UnknownCatalogData`; impossible layouts raise
@@ -72,10 +72,7 @@ __all__ = [
     "UnknownCatalogEntry",
     "UnsupportedLayout",
     "WeightBreakdown",
-    "checkpoint_bytes",
     "load_catalog",
-    "weight_bytes_per_rank",
-    "weight_bytes_total",
 ]
 
 _SPACES = re.compile(r"\s+")
@@ -115,12 +112,6 @@ class Catalog(BaseModel):
             if v.id == variant_id:
                 return v
         raise UnknownCatalogEntry("model variant", variant_id, [v.id for v in self.variants])
-
-    def model_by_repo(self, hf_repo: str) -> ModelVariant:
-        for v in self.variants:
-            if v.hf_repo.casefold() == hf_repo.casefold():
-                return v
-        raise UnknownCatalogEntry("Hugging Face repo", hf_repo, [v.hf_repo for v in self.variants])
 
     def architecture(self, arch_id: str) -> Architecture:
         for a in self.architectures:
@@ -338,44 +329,3 @@ def load_catalog() -> Catalog:
     cat = cat.model_copy(update={"engines": tuple(engines), "routers": tuple(routers)})
     _cross_check(cat)
     return cat
-
-
-# ------------------------------------------------------------------------------- functions
-
-
-def weight_bytes_total(
-    model: ModelVariant | str,
-    expert_storage: str = "native",
-    include_mtp: bool = False,
-    include_dspark: bool = False,
-) -> int:
-    """Bytes of one full copy of the weights (all ranks together) for the chosen modules."""
-    return load_catalog().weight_bytes_total(model, expert_storage, include_mtp, include_dspark)
-
-
-def weight_bytes_per_rank(
-    model: ModelVariant | str,
-    expert_storage: str = "native",
-    tp: int = 1,
-    ep: int = 1,
-    attn_dp: int = 1,
-    include_mtp: bool = False,
-    include_dspark: bool = False,
-    *,
-    engine: EngineRules | None = None,
-    gpu_arch: str | None = None,
-) -> WeightBreakdown:
-    """Bytes one rank of a TP group holds, per parameter group and in total.
-
-    ``engine`` + ``gpu_arch`` (e.g. ``cat.engine("sglang", "0.5.23")``, ``"sm_120"``) apply the
-    engine's load-time dtype changes; without them the bytes are the checkpoint's storage.
-    """
-    return load_catalog().weight_bytes_per_rank(
-        model, expert_storage, tp, ep, attn_dp, include_mtp, include_dspark,
-        engine=engine, gpu_arch=gpu_arch)
-
-
-def checkpoint_bytes(model: ModelVariant | str) -> int:
-    """Best-known size on disk of the variant's checkpoint (see its ``checkpoint_bytes`` fact for
-    source and confidence)."""
-    return load_catalog().checkpoint_bytes(model)

@@ -151,13 +151,6 @@ def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> l
     return []
 
 
-def effective_expert_format(cat: Catalog, model: ModelVariant, expert_storage: str) -> str:
-    if expert_storage == "native":
-        return model.expert_format
-    opt = cat.expert_storage_option(expert_storage)
-    return opt.format or model.expert_format
-
-
 def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
               gpu: HostGpu) -> list[Check]:
     fmt = model.expert_format

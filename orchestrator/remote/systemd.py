@@ -90,12 +90,6 @@ class ServiceManager:
         files = " ".join(f'"$d"/{shlex.quote(u)}' for u in check_unit_names(units))
         self.remote.check(f"d={d}; rm -f {files}", timeout=60, what="removing unit files")
 
-    def installed_units(self, pattern: str = "dsv4-*.service") -> list[str]:
-        d = unit_dir_expr(self.scope)
-        res = self.remote.run(f"d={d}; cd \"$d\" 2>/dev/null && ls -1 {pattern} 2>/dev/null",
-                              timeout=30)
-        return sorted(line.strip() for line in res.stdout.splitlines() if line.strip())
-
     def daemon_reload(self) -> None:
         self.remote.check(f"{self.ctl} daemon-reload", timeout=120, what="systemctl daemon-reload")
 
