@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+# Appended, not prepended: kernels/experimental holds a folder named ``tests`` too, and ahead of the
+# repository root it would capture the ``tests`` namespace package (``tests.conftest`` and friends)
+# for every test module collected after this one.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))
 
 import pytest
 import torch
