@@ -19,7 +19,6 @@ from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCata
 from orchestrator.deployment import Deployment, Placement, resolve
 from orchestrator.errors import InputError, Problem, ProfileError
 from orchestrator.facts import Facts, declared_facts
-from orchestrator.paths import default_profile
 from orchestrator.planner import capacity, rules
 from orchestrator.planner.checks import (
     apply_acknowledgements,
@@ -31,7 +30,7 @@ from orchestrator.planner.static import locate_checks, sort_checks, static_check
 from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
 from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile
 from orchestrator.profile.inventory import Host, Inventory
-from orchestrator.profile.loader import load_inventory, load_text, locate, read_file
+from orchestrator.profile.loader import locate, read_file
 from orchestrator.profile.schema import Profile
 
 
@@ -88,14 +87,14 @@ def lookup_host(name: str, inventory: Inventory | None, inventory_path: Path | N
 
 def load_context(profile_path: Path | None, inventory_path: Path | None, *,
                  host_override: str | None = None) -> PlanContext:
-    path = profile_path or default_profile()
-    text = read_file(path)
-    profile = load_text(Profile, text, str(path))
-    inv_path = inventory_path_for(path, inventory_path)
-    needs_inventory = host_override is not None or not isinstance(profile.host, Host)
-    inventory = load_inventory(inv_path) if (inv_path is not None and needs_inventory) else None
-    name, host = host_of(profile, inventory, inv_path, host_override)
-    return PlanContext(profile, path, text, name, host, inv_path)
+    """One host's context: the profile's host, ``host_override``, or a fleet's first host (with
+    the fleet's placement, so it resolves as that host's part of the fleet)."""
+    from orchestrator.planner.fleet import load_fleet
+
+    fctx = load_fleet(profile_path, inventory_path, host_override=host_override)
+    hosts = dict(fctx.all_hosts)
+    name = host_override if host_override in hosts else fctx.hosts[0][0]
+    return fctx.context(name, hosts[name])
 
 
 def catalog_entries(cat: Catalog, profile: Profile, ctx_path: str, text: str = ""
