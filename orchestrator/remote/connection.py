@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import http.client
+import io
 import json
 import logging
 import os
@@ -129,6 +130,61 @@ class HttpResponse:
         return self.body.decode("utf-8", "replace")
 
 
+HTTP_MAX_BODY = 16 << 20  # health, /server_info, /metrics answers are KBs to a few MB
+
+
+def read_bounded(resp: http.client.HTTPResponse, deadline: float,
+                 limit: int = HTTP_MAX_BODY) -> bytes:
+    """The body, but at most ``limit`` bytes and no later than ``deadline`` (time.monotonic):
+    a stuck or hostile endpoint (an endless chunked body, one byte a second) fails the check
+    instead of holding apply (issue 19). http.client itself bounds the header lines and count."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no complete answer before the deadline ({size} bytes read)")
+        data = resp.read1(1 << 16)
+        if not data:
+            return b"".join(parts)
+        size += len(data)
+        if size > limit:
+            raise http.client.HTTPException(f"answer larger than {limit} bytes")
+        parts.append(data)
+
+
+class _ChannelRaw(io.RawIOBase):
+    """A channel as a raw stream, so http.client reads it through an io.BufferedReader, whose
+    read1 returns what one recv gives (paramiko's own ChannelFile has no read1, and read(n) waits
+    for n bytes: a trickling server would outlive any deadline)."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self._channel.recv(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+class _ChannelSocket:
+    """What http.client needs of a socket (sendall, makefile, close), over an SSH channel."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def sendall(self, data: bytes) -> None:
+        self._channel.sendall(data)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(_ChannelRaw(self._channel))
+
+    def close(self) -> None:  # the channel is closed by RemoteHost.http
+        pass
+
+
 class _ChannelHTTPConnection(http.client.HTTPConnection):
     """http.client over an already-open SSH ``direct-tcpip`` channel."""
 
@@ -137,7 +193,7 @@ class _ChannelHTTPConnection(http.client.HTTPConnection):
         self._channel = channel
 
     def connect(self) -> None:  # the socket is the channel
-        self.sock = self._channel
+        self.sock = _ChannelSocket(self._channel)
 
 
 class RemoteHost:
@@ -449,7 +505,8 @@ class RemoteHost:
                 headers["Content-Type"] = "application/json"
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
-            return HttpResponse(status=resp.status, body=resp.read())
+            return HttpResponse(status=resp.status,
+                                body=read_bounded(resp, time.monotonic() + timeout))
         except TimeoutError as exc:
             raise TimeoutError(f"{method} {path} on port {port}: no answer in {timeout}s") from exc
         except (http.client.HTTPException, EOFError, OSError) as exc:

@@ -14,10 +14,12 @@ orchestrator is tested over real SSH against a real service manager. Each host i
   this a user manager treats the machine's root cgroup as its own and migrates every process on
   the machine into `init.scope` (seen while probing), and two hosts' units of the same name would
   share a cgroup and be killed together;
-- an OpenSSH sshd on port 22 (key auth, root, sftp), whose sessions get
-  `XDG_RUNTIME_DIR=/run/user/0` and a PATH with the host's fake `nvidia-smi` (sshd `SetEnv`), so
-  `systemctl --user daemon-reload/start/stop/is-active/show` works over SSH;
-- a real `systemd --user` (HOME=/root, units in `~/.config/systemd/user`). There is no journald:
+- an OpenSSH sshd on port 22 (key auth, sftp) for the cluster's user (root by default;
+  `HostCluster(user=NAME)`: an unprivileged user, uid 1500, that exists only in the host's mount
+  namespace, owns the private paths and its cgroup subtree, and has HOME=/home/NAME), whose
+  sessions get `XDG_RUNTIME_DIR=/run/user/<uid>` and a PATH with the host's fake `nvidia-smi`
+  (sshd `SetEnv`), so `systemctl --user daemon-reload/start/stop/is-active/show` works over SSH;
+- a real `systemd --user` of that user (units in `~/.config/systemd/user`). There is no journald:
   units should log with `StandardOutput=append:FILE`;
 - the engine simulator installed as the engine env (`/opt/sglang-env/bin/sglang`,
   `/opt/sglang-env/bin/python -m sglang_router.launch_router`), control file

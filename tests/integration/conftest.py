@@ -18,8 +18,10 @@ from tests.harness import FakeHost, HostCluster
 
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FakeHost]]:
-    """Two running fake hosts (host1, host2)."""
-    with HostCluster(n=2, workdir=tmp_path_factory.mktemp("fakehosts")) as cluster:
+    """Two running fake hosts (host1, host2), reached as the unprivileged user dsv4op (uid 1500),
+    whose `systemd --user` runs the engines and the router (issue 19); `exec(..., root=True)` for
+    what only root may do on a host."""
+    with HostCluster(n=2, workdir=tmp_path_factory.mktemp("fakehosts"), user="dsv4op") as cluster:
         yield cluster
 
 

@@ -145,7 +145,7 @@ def test_ssh_via_fabric_reaches_each_host(hosts: list[FakeHost]) -> None:
                       "nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,"
                       "driver_version,uuid --format=csv,noheader,nounits", **Q, warn=True)
             lines = r.stdout.splitlines()
-            assert lines[0] == f"{h.name} /run/user/0"
+            assert lines[0] == f"{h.name} /run/user/{h.uid}"
             assert lines[1] in ("running", "degraded")
             gpus = [ln.split(", ") for ln in lines[2:]]
             assert len(gpus) == 8

@@ -2,19 +2,16 @@
 an unprivileged user (uid 1500), not root (issue 19, Deliver 2): apply, health, an automatic
 rollback, an explicit rollback.
 
-The default harness logs in as root (tests/harness/hosts.py); here `HostCluster(user="dsv4op")`
-gives the host a user that exists only in its own mount namespace, owning the install root, the
-engine env and its cgroup subtree, and nothing else. Every process dsv4ctl starts must run as it.
+The session's hosts (tests/integration/conftest.py) are `HostCluster(user="dsv4op")`: each host has
+a user that exists only in its own mount namespace, owning the install root, the engine env and its
+cgroup subtree, and nothing else. Every process dsv4ctl starts must run as it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from orchestrator.errors import ExitCode
-from tests.harness import FakeHost, HostCluster
 from tests.integration.test_apply import (  # noqa: F401  (env is a fixture)
     ROOT,
     Env,
@@ -28,13 +25,6 @@ pytestmark = pytest.mark.integration
 
 USER = "dsv4op"
 UNITS = ("dsv4-itest-prefill.service", "dsv4-itest-decode.service", "dsv4-itest-router.service")
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FakeHost]]:
-    """Overrides the session's root hosts for this module: one host, unprivileged SSH user."""
-    with HostCluster(n=1, workdir=tmp_path_factory.mktemp("unpriv"), user=USER) as cluster:
-        yield cluster
 
 
 def uids_of_units(e: Env) -> dict[str, int]:
