@@ -73,7 +73,20 @@ def render_fleet_text(fp: FleetPlan, *, verbose: bool = False) -> str:
     parts = ["\n".join(fleet_summary_lines(fp)) + "\n"]
     for p in fp.plans:
         parts.append(f"\n=== host {p.host} ===\n" + render_text(p, verbose=verbose))
+    errors = error_lines(fp)
+    if errors:
+        parts.append(f"\nThe fleet plan has {len(errors)} error{'s' if len(errors) > 1 else ''}; "
+                     "nothing can be applied until they are fixed:\n"
+                     + "".join(f"  {line}\n" for line in errors))
     return "".join(parts)
+
+
+def error_lines(fp: FleetPlan) -> list[str]:
+    """Each unacknowledged error of the fleet, with the host it is about in front."""
+    out = [f"fleet: {c.id}: {c.title}" for c in fp.checks
+           if c.severity == "error" and not c.acknowledged]
+    out += [f"host {p.host}: {c.id}: {c.title}" for p in fp.plans for c in p.errors]
+    return out
 
 
 def render_fleet_markdown(fp: FleetPlan) -> str:
@@ -102,6 +115,7 @@ def render_fleet_json(fp: FleetPlan) -> str:
         "hosts": [s.model_dump(mode="json") for s in fp.summary()],
         "failed_hosts": fp.failed_hosts,
         "errors": len(fp.errors),
+        "error_lines": error_lines(fp),
         "changes": sum(len(p.actions) for p in fp.plans),
         "line": "; ".join(f"{p.host}: {summary_line(p)}" for p in fp.plans),
     }

@@ -143,10 +143,13 @@ def test_one_host_without_disk_fails_the_plan_naming_it_the_others_intact(
     assert "gpu-b engine NO 1" in head
     assert "Host gpu-b does not fit" in head and "the other hosts' plans stand" in head
     assert out.count("x error") == 1 and "=== host gpu-a ===" in out
+    assert out.rstrip().endswith("host gpu-b: disk.space: checkpoint does not fit the disk")
 
     assert main(["plan", str(path), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["summary"]["failed_hosts"] == ["gpu-b"] and data["summary"]["errors"] == 1
+    assert data["summary"]["error_lines"] == [
+        "host gpu-b: disk.space: checkpoint does not fit the disk"]
     assert [p["host"] for p in data["plans"]] == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
     assert [p["summary"]["errors"] for p in data["plans"]] == [0, 1, 0, 0]
 
