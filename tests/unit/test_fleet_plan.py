@@ -379,3 +379,27 @@ def test_pd_engines_of_a_fleet_pin_their_transfer_address(tmp_path: Path) -> Non
         plan_fleet(fctx)
     assert "topology.decode.env.SGLANG_HOST_IP" in str(info.value)
     assert "host 'gpu-a'" in str(info.value)
+
+
+def test_plan_live_probes_every_host_and_host_probes_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import orchestrator.remote as remote
+
+    seen: list[str] = []
+
+    def fake(name, host, model_paths=()):  # type: ignore[no-untyped-def]
+        seen.append(name)
+        return declared_facts(name, host).model_copy(update={"source": "probed"})
+
+    monkeypatch.setattr(remote, "gather_facts", fake)
+    assert main(["plan", str(PROFILES / "fleet-3x.yaml"), "--live", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(seen) == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
+    assert {p["facts_source"] for p in data["plans"]} == {"probed"}
+    seen.clear()
+    assert main(["plan", str(PROFILES / "fleet-3x.yaml"), "--host", "gpu-b", "--format",
+                 "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert seen == ["gpu-b"]
+    assert [p["facts_source"] for p in data["plans"]] == ["declared", "probed", "declared",
+                                                          "declared"]
