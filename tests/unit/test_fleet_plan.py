@@ -403,3 +403,15 @@ def test_plan_live_probes_every_host_and_host_probes_one(
     assert seen == ["gpu-b"]
     assert [p["facts_source"] for p in data["plans"]] == ["declared", "probed", "declared",
                                                           "declared"]
+
+
+def test_a_single_colocated_host_with_a_router_gets_one_in_regular_mode(tmp_path: Path) -> None:
+    p = yaml.safe_load((PROFILES / "mxfp4-tp8.yaml").read_text())
+    p["topology"]["router"] = {"port": 8100}
+    fleet = plan_fleet(load_fleet(_write(tmp_path, p), None))
+    (plan,) = fleet.plans
+    dep = plan.deployment
+    assert dep.router is not None and dep.roles[0].listen == "127.0.0.1"
+    assert router_argv(dep)[:2] == ["--worker-urls", "http://127.0.0.1:30000"]
+    assert "units/dsv4-mxfp4-tp8-router.service" in {f.path for f in plan.files}
+    assert plan.errors == []
