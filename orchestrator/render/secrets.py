@@ -18,10 +18,12 @@ refuse the same profiles):
   appends ``FLAG VALUE`` to ``sys.argv`` *inside* the process, from the environment, and calls the
   same entry point the console script would. The script, the unit and ``/proc/<pid>/cmdline`` (the
   process list) carry only the variable's name; the value is in the process environment, which
-  only its user and root can read (``/proc/<pid>/environ`` is 0400).
-  Not hidden by this: SGLang 0.5.23 logs its parsed ``server_args`` at startup with ``api_key`` in
-  clear (``engine.py``: ``redact_watermark_secrets`` redacts watermark keys only), so the engine's
-  own log holds it; keep ``logs/`` private (its directory is the install root's).
+  only its user and root can read (``/proc/<pid>/environ`` is 0400). SGLang 0.5.23 logs its
+  parsed ``server_args`` at startup with ``api_key`` in clear (``engine.py``:
+  ``redact_watermark_secrets`` redacts watermark keys only): the shim also makes every log line
+  that process formats through :mod:`logging` show ``<redacted>`` instead of the values. Not
+  covered: a ``print`` of them, or a child process that formats its own logs (SGLang's scheduler
+  processes are spawned and do not import the shim).
 - A secret may not shadow what the renderer sets (``CUDA_VISIBLE_DEVICES``, the kernel switches, a
   role's ``env:``) nor the loader's and interpreter's variables (``PATH``, ``LD_*``, ``PYTHON*``):
   the secrets file is read after the env file, so it would silently win. ``DSV4_SECRET_*`` names
@@ -46,12 +48,19 @@ _PROCESS_NAMES = re.compile(r"^(PATH|HOME|SHELL|IFS|ENV|BASH_ENV|LD_.*|PYTHON.*|
                             r"CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)$")
 
 # `python -c SHIM MODULE FUNCTION N FLAG1 ENV1 ... FLAGN ENVN ARGS...`: runs MODULE.FUNCTION() with
-# sys.argv = [MODULE, *ARGS, FLAG1, $ENV1, ...]. Only names travel in the real argv.
-SHIM = ("import importlib, os, sys; "
+# sys.argv = [MODULE, *ARGS, FLAG1, $ENV1, ...]. Only names travel in the real argv. It also wraps
+# logging.Formatter.format so every log line this process formats has the values replaced by
+# <redacted>: SGLang 0.5.23 logs its server_args, api_key in clear, at startup (engine.py:311), and
+# the unit appends stdout to <install_root>/logs/<role>.log.
+SHIM = ("import functools, importlib, logging, os, sys; "
         "mod, fn, n = sys.argv[1], sys.argv[2], int(sys.argv[3]); "
         "pairs = sys.argv[4:4 + 2 * n]; "
+        "vals = [v for v in (os.environ[e] for e in pairs[1::2]) if v]; "
         "sys.argv = [mod, *sys.argv[4 + 2 * n:], "
         "*[w for f, e in zip(pairs[::2], pairs[1::2]) for w in (f, os.environ[e])]]; "
+        "fmt = logging.Formatter.format; "
+        "logging.Formatter.format = lambda self, record: functools.reduce("
+        "lambda text, v: text.replace(v, \"<redacted>\"), vals, fmt(self, record)); "
         "sys.exit(getattr(importlib.import_module(mod), fn)())")
 
 # The Python entry points behind the programs argv.py renders: what `bin/sglang` and

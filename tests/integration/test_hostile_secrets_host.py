@@ -46,6 +46,9 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(
     shown = capsys.readouterr()
     assert rc == 0, shown.out + shown.err
     assert API not in shown.out + shown.err
+    # the engine logs its server_args at startup, as SGLang 0.5.23 does: the key shows redacted
+    log = env.fake.read(f"{ROOT}/logs/decode.log")
+    assert "server_args=" in log and "'api_key': '<redacted>'" in log
     router_argv = [r["argv"] for r in runs if r.get("mode") == "router"]
     assert router_argv and router_argv[-1][-2:] == ["--api-key", API]  # the engines' key
     for canary in (HF, API):

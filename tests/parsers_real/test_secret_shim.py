@@ -33,19 +33,28 @@ def _run(tmp_path: Path, entry: tuple[str, str], site: str, argv: list[str]) -> 
                           "DSV4_SECRET_API_KEY", *argv], env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    return res.stdout
+    assert KEY not in res.stderr  # what the process logs has the value redacted
+    return res.stdout + res.stderr
 
 
 def test_sglang_serve_gets_the_key(tmp_path: Path) -> None:
     report = ("from sglang.srt.server_args import prepare_server_args\n"
               "        sa = prepare_server_args(list(args[1]))\n"
               "        cmd = open('/proc/self/cmdline', 'rb').read().decode()\n"
-              "        print('KEY', sa.api_key, sa.port, 'LEAK' if sa.api_key in cmd else 'CLEAN')")
+              "        print('KEY', sa.api_key, sa.port, 'LEAK' if sa.api_key in cmd else 'CLEAN')\n"
+              "        import logging\n"
+              # engine.py's _server_args_for_logging, without importing engine.py (uvloop, ...)
+              "        from sglang.srt.sampling.watermarking.core import redact_watermark_secrets\n"
+              "        logging.basicConfig()\n"
+              "        logging.getLogger('sglang').warning("
+              "f'server_args={redact_watermark_secrets(sa.resolved_dict())}')")
     site = _SITE.format(module=ENGINE_ENTRY[0], patch_module="sglang.cli.serve",
                         patch_name="serve", report=report)
     out = _run(tmp_path, ENGINE_ENTRY, site, ["serve", "--model-path", str(tmp_path),
                                               "--port", "30123"])
     assert f"KEY {KEY} 30123 CLEAN" in out
+    # SGLang's own startup line (engine.py:311) would carry the key; the shim redacts it
+    assert "server_args=" in out and "'api_key': '<redacted>'" in out
 
 
 def test_router_gets_the_key(tmp_path: Path) -> None:

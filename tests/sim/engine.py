@@ -558,6 +558,14 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(2, f"--{name.replace('_', '-')} is not valid JSON ({exc}): {raw!r}")
         if name == "preferred_sampling_params":
             args.preferred_sampling_params = val
+    # SGLang 0.5.23 logs its parsed arguments at startup, api_key in clear (entrypoints/engine.py:
+    # `logger.info(f"server_args={_server_args_for_logging(server_args)}")`, which redacts only
+    # watermark keys): the simulator does the same, so tests see what a real engine log holds.
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="[%(asctime)s] %(message)s", force=True)
+    logging.getLogger("sglang.srt.entrypoints.engine").info(f"server_args={vars(args)}")
     if unknown:
         sys.stderr.write(f"sglang (simulator): warning: unrecognised arguments kept: {unknown}\n")
     env_dir = _env_dir()

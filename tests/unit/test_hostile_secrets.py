@@ -120,18 +120,23 @@ def test_the_shim_passes_the_value_in_process_only(tmp_path: Path) -> None:
     """Run the exact SHIM: the entry point sees ``--api-key VALUE``; the process's own
     /proc/self/cmdline (what `ps` shows) holds only the variable's name."""
     (tmp_path / "fakeentry.py").write_text(
-        "import json, sys\n"
+        "import json, logging, sys\n"
         "def main():\n"
         "    cmdline = open('/proc/self/cmdline', 'rb').read().decode()\n"
         "    print(json.dumps({'argv': sys.argv, 'cmdline': cmdline}))\n"
+        "    logging.basicConfig()\n"
+        "    logging.getLogger('sglang').warning(f'server_args={sys.argv}')\n"
         "    return 0\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "DSV4_SECRET_API_KEY": CANARY}
-    out = subprocess.run([sys.executable, "-c", SHIM, "fakeentry", "main", "1", "--api-key",
+    res = subprocess.run([sys.executable, "-c", SHIM, "fakeentry", "main", "1", "--api-key",
                           "DSV4_SECRET_API_KEY", "serve", "--port", "1"], env=env, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True)
     import json
 
-    got = json.loads(out)
+    got = json.loads(res.stdout)
+    # what the process logs (SGLang logs its server_args, api_key included) shows it redacted
+    assert "server_args=" in res.stderr and "<redacted>" in res.stderr
+    assert CANARY not in res.stderr
     assert got["argv"] == ["fakeentry", "serve", "--port", "1", "--api-key", CANARY]
     assert CANARY not in got["cmdline"] and "DSV4_SECRET_API_KEY" in got["cmdline"]
 
