@@ -1,16 +1,17 @@
 """On-host self-test run by ``dsv4ctl apply`` before switching the engine to these kernels.
 
 ``python -m dsv4_kernels.selftest`` checks, on every visible GPU, the sparse decode (every
-variant the dispatcher can pick on that device: ``dispatch_variants``), the indexer and the bf16
-mHC pre GEMM (``mhc_pre_gemm``, batch invariance included) against the float32 references
-(fresh random inputs, the issue's edge cases), that a
-CUDA-graph replay reproduces the eager result bit for bit, and times one decode shape. It
+variant the dispatcher can pick on that device, at its tiles there: ``dispatch_configs``), the
+indexer and the bf16 mHC pre GEMM (``mhc_pre_gemm``, batch invariance included) against the
+float32 references (fresh random inputs, the issue's edge cases), that a CUDA-graph replay
+reproduces the eager result bit for bit, and times one decode shape. It
 prints one JSON document and exits 0 only if every check passed (1 on a mismatch, 2 when no
 GPU is visible).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -24,7 +25,7 @@ from .cases import check_topk, compare_decode, make_decode_case, make_indexer_ca
 from .indexer import indexer_logits, indexer_topk
 from .mhc_pre_gemm import mhc_post_pre_partials, post_pre_reference, residual_close
 from .reference import ref_indexer_logits, ref_sparse_decode
-from .sparse_decode import DecodeConfig, dispatch_variants, sparse_mla_decode
+from .sparse_decode import dispatch_configs, sparse_mla_decode
 
 DECODE_CASES: list[dict[str, Any]] = [
     dict(batch=3, heads=64, topk=128, extra_topk=512, page_size=256, extra_page_size=64),
@@ -40,11 +41,12 @@ def _decode_checks(device: str, g: torch.Generator) -> list[dict[str, Any]]:
     for spec in DECODE_CASES:
         for nsplit in (1, 2, 5):
             probe = torch.empty(0, device=device)
-            for variant in dispatch_variants(device_max_shared(probe), device_arch(probe)):
+            for pick in dispatch_configs(device_max_shared(probe), device_arch(probe)):
+                variant = pick.variant
                 if nsplit == 2 and variant != "ws":
                     continue  # two splits take ws's cluster merge; elsewhere the combine, as 5
                 c = make_decode_case(g, device=device, **spec)
-                cfg = DecodeConfig(nsplit=nsplit, variant=variant)
+                cfg = dataclasses.replace(pick, nsplit=nsplit)
                 o, lse = sparse_mla_decode(**c.kwargs(), config=cfg)
                 ro, rl = ref_sparse_decode(**c.kwargs())
                 res = compare_decode(o, lse, ro, rl)

@@ -676,7 +676,8 @@ def _combine_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """Kernel variant and tiles. ``None`` fields are chosen from static shapes.
+    """Kernel variant and tiles. ``None`` fields are chosen from static shapes (``block_h``: at
+    most 64 heads a program, 32 on 99 KB parts: :data:`SMALL_SMEM_BLOCK_H`).
 
     ``variant`` (the shipped ones; :func:`choose_variant` says which device takes which):
     ``"pf"`` (one program per row x head block, one loop over SWA + extra tiles with the next
@@ -707,7 +708,7 @@ class DecodeConfig:
     combine launch).
     """
 
-    block_h: int = 64
+    block_h: int | None = None
     block_t: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
@@ -733,6 +734,21 @@ _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
 # on sm_120.
 _FULL_SMEM = 160 * 1024
+# Heads a program on parts below _FULL_SMEM (sm_120's 99 KB), where pf runs. Compiled for sm_120
+# with the pinned Triton (the CPU gate, kernels/tests/test_kernels_sm120_gate.py): at BH 64 /
+# BT 16 / 8 warps pf needs 83,968 B of shared memory and 255 registers and spills 144 B a
+# thread with split partials; at BH 32 it needs 50,176 B and 210 registers and at BH 16
+# 33,280 B and 141, and neither spills (BT 32 or 4 warps spill 0.4-5.7 KB). H200 proxy of
+# sm_120 (TRITON_OVERRIDE_ARCH=sm89, tools/sm120_proxy.py, notes "sm_120"): BH 16 leads where
+# programs are few (B=1: 16.1 / 21.2 µs at top-k 512 / 1024 against 19.3 / 26.2 at BH 32),
+# BH 32 elsewhere (B=8: 27.6 / 40.8 against 33.2 / 52.2).
+SMALL_SMEM_BLOCK_H = 32
+SMALL_SMEM_FEW_PROGRAMS = 4  # rows x head blocks of 32 up to which pf at BH 16 is taken
+# Beyond those, sm_120 takes local at BH 32 / BT 32 / 2 stages / 8 warps: 67,584 B, 208
+# registers, no spills on sm_120; on the proxy 108.5 / 188.0 µs at B=64 (top-k 512 / 1024)
+# against 143.2 / 251.6 for pf at BH 32 and 113.1 / 191.6 for pf at BH 64 (which spills on
+# sm_120); B=8 27.2 / 38.4 against 27.6 / 41.2 (tools/sm120_proxy.py, notes "sm_120").
+SMALL_SMEM_LOCAL_BT = 32
 # "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
@@ -825,12 +841,15 @@ def available_variants(max_shared: int, arch: int | None = None) -> tuple[str, .
 
 
 def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
-                   arch: int | None = None, pow2_pages: bool = True) -> tuple[str, int | None]:
-    """Variant and block_t (None: the variant's default) from static shapes only.
+                   arch: int | None = None, pow2_pages: bool = True,
+                   heads: int | None = None) -> tuple[str, int | None]:
+    """Variant and block_t (None: the variant's default) from static shapes only (``heads``:
+    the query heads, else ``head_blocks`` x 32; heads a program: :func:`pf_block_h`).
 
     | device (opt-in shared memory per block)     | programs (rows x head blocks) | variant  |
     |---------------------------------------------|-------------------------------|----------|
-    | < 160 KB (sm_120 RTX PRO 6000, sm_89)       | any                           | pf       |
+    | < 160 KB (sm_120 RTX PRO 6000, sm_89)       | <= 4 of 32 heads              | pf, BH 16|
+    | < 160 KB                                    | otherwise                     | local 32 |
     | >= 160 KB                                   | <= 4                          | dsplit 64|
     | sm_90 with Gluon + warp specialization      | >= 8, power-of-two pages      | ws       |
     | sm_90 with Gluon                            | otherwise                     | wg       |
@@ -843,7 +862,8 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
     allocator (the graph pool under capture).
     """
     if max_shared < _FULL_SMEM:
-        return "pf", None
+        few = _few_programs(rows, heads if heads is not None else head_blocks * 32)
+        return ("pf", None) if few else ("local", SMALL_SMEM_LOCAL_BT)
     if rows * head_blocks <= 4:
         return "dsplit", 64
     variants = available_variants(max_shared, arch)
@@ -854,11 +874,39 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
     return ("local" if max_shared >= _STAGED_SMEM else "full"), None
 
 
+def pf_block_h(h: int, max_shared: int, want: int | None = None, rows: int | None = None) -> int:
+    """Heads a program: ``want``, else 64, or below 160 KB of shared memory (sm_120)
+    :data:`SMALL_SMEM_BLOCK_H`, and 16 when ``rows`` x head blocks of that size are at most
+    :data:`SMALL_SMEM_FEW_PROGRAMS`; cut to the head count's power of two (at least 16, the
+    MMA's M)."""
+    cap = want or 64
+    if not want and max_shared < _FULL_SMEM:
+        cap = 16 if rows is not None and _few_programs(rows, h) else SMALL_SMEM_BLOCK_H
+    return min(cap, max(16, triton.next_power_of_2(h)))
+
+
+def _few_programs(rows: int, h: int) -> bool:
+    """sm_120's small-grid case: at most SMALL_SMEM_FEW_PROGRAMS programs of 32 heads."""
+    return rows * triton.cdiv(h, SMALL_SMEM_BLOCK_H) <= SMALL_SMEM_FEW_PROGRAMS
+
+
+def dispatch_configs(max_shared: int, arch: int | None) -> tuple[DecodeConfig, ...]:
+    """The configuration of every pick :func:`choose_variant` (with the ``wg``/``ws`` refusal
+    fallback) can make on a device, tiles as the launcher then sets them: what the self-test
+    checks (with its own split counts)."""
+    if max_shared < _FULL_SMEM:
+        return (DecodeConfig(variant="pf", block_h=16),
+                DecodeConfig(variant="local", block_h=SMALL_SMEM_BLOCK_H,
+                             block_t=SMALL_SMEM_LOCAL_BT))
+    return tuple(DecodeConfig(variant=v, block_t=64 if v == "dsplit" else None)
+                 for v in dispatch_variants(max_shared, arch))
+
+
 def dispatch_variants(max_shared: int, arch: int | None) -> tuple[str, ...]:
     """Every variant :func:`choose_variant` (with the ``wg``/``ws`` refusal fallback) can pick
     on a device: what the self-test checks and the compile gate compiles."""
     if max_shared < _FULL_SMEM:
-        return ("pf",)
+        return ("pf", "local")
     picks = ["dsplit"]
     variants = available_variants(max_shared, arch)
     picks += [v for v in ("ws", "wg") if v in variants]
@@ -981,14 +1029,15 @@ def sparse_mla_decode(
             raise ValueError(f"{name} must be int32 with >= {b} entries, got {ln.dtype} "
                              f"{tuple(ln.shape)}")
 
-    block_h = min(cfg.block_h, max(16, triton.next_power_of_2(h)))
+    max_shared = device_max_shared(q)
+    block_h = pf_block_h(h, max_shared, cfg.block_h, rows)
     head_blocks = triton.cdiv(h, block_h)
     sms = device_sms(q)
     # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
     # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
     pow2_pages = all(page_log2(ps) >= 0 for ps in (a_ps, b_ps))
-    auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, device_max_shared(q),
-                                           device_arch(q), pow2_pages)
+    auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, max_shared,
+                                           device_arch(q), pow2_pages, heads=h)
     variant = cfg.variant or auto_variant
     tiles = _tiles(variant)
     block_t = cfg.block_t or (auto_bt if variant == auto_variant and auto_bt else
@@ -1182,12 +1231,15 @@ def roofline_bytes_flops(b: int, h: int, topk_total: int) -> tuple[float, float]
 __all__ = [
     "PARTIALS",
     "SCALED_VARIANTS",
+    "SMALL_SMEM_BLOCK_H",
     "DecodeConfig",
     "available_variants",
     "choose_nsplit",
     "choose_variant",
     "combine_block_h",
+    "dispatch_configs",
     "dispatch_variants",
+    "pf_block_h",
     "register_variant",
     "roofline_bytes_flops",
     "sparse_mla_decode",

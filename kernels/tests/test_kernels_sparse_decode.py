@@ -168,14 +168,19 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     assert "wg" not in available_variants(167936, 90)  # an sm_90 part with too little memory
     # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
     for rows in (1, 8, 64, 128):
-        assert choose_variant(rows, 1, 188, sm120, 120)[0] in available_variants(sm120, 120)
+        assert choose_variant(rows, 1, 188, sm120, 120)[0] in dispatch_variants(sm120, 120)
+    # sm_120: pf at 16 heads a program for a handful of programs, local at BT 32 beyond
+    assert choose_variant(1, 4, 188, sm120, 120, heads=64) == ("pf", None)
+    assert choose_variant(2, 8, 188, sm120, 120, heads=64) == ("pf", None)
+    assert choose_variant(3, 2, 188, sm120, 120, heads=64) == ("local", 32)
+    assert choose_variant(64, 2, 188, sm120, 120, heads=64) == ("local", 32)
     assert "full" not in available_variants(sm120)
     assert "local" not in available_variants(sm120)  # 196 KB at its default BT 64
     a100 = 167936  # 164 KB: full fits, local's default tiles do not
     assert choose_variant(64, 1, 108, a100) == ("full", None)
     assert "local" not in available_variants(a100)
     # what the self-test runs and the compile gate compiles: every pick, nothing else
-    assert dispatch_variants(sm120, 120) == ("pf",)
+    assert dispatch_variants(sm120, 120) == ("pf", "local")
     assert dispatch_variants(a100, 80) == ("dsplit", "full")
     assert set(dispatch_variants(h200, None)) == {"dsplit", "local"}
 
@@ -277,3 +282,34 @@ def test_combine_block_h_follows_the_grid() -> None:
     assert combine_block_h(32, 64) == 8  # 1024 programs
     assert combine_block_h(64, 64) == 16
     assert combine_block_h(128, 16) == 8
+
+
+def test_heads_per_program_on_sm120() -> None:
+    """sm_120 (99 KB): at most 32 heads a program (64 spills there, the sm_120 compile gate),
+    16 where the grid would hold at most four programs; 64 on larger parts; a request wins."""
+    from dsv4_kernels.sparse_decode import pf_block_h
+
+    sm120, h200 = 101376, 232448
+    assert pf_block_h(64, sm120, rows=64) == 32
+    assert pf_block_h(64, sm120, rows=8) == 32
+    assert pf_block_h(64, sm120, rows=3) == 32  # 6 programs of 32 heads
+    assert pf_block_h(64, sm120, rows=2) == 16  # 4 programs of 32: few, so 16
+    assert pf_block_h(64, sm120, rows=1) == 16
+    assert pf_block_h(8, sm120, rows=64) == 16  # at least the MMA's M
+    assert pf_block_h(64, h200, rows=1) == 64
+    assert pf_block_h(64, sm120, want=64, rows=64) == 64
+
+
+@pytest.mark.parametrize("nsplit", [1, 3])
+def test_sm120_dispatch_configs_match_reference(gen: torch.Generator, nsplit: int) -> None:
+    """What the sm_120 dispatch runs (pf at 16 heads a program, local at 32 heads / BT 32), as
+    the self-test runs it there, against the reference; 32 heads so local takes its BH 32."""
+    from dsv4_kernels.sparse_decode import dispatch_configs
+
+    case = make_decode_case(gen, batch=2, heads=32, topk=40, extra_topk=70, page_size=7,
+                            extra_page_size=5, lengths="random", invalid_frac=0.2)
+    for cfg in dispatch_configs(101376, 120):
+        res = compare_decode(*sparse_mla_decode(**case.kwargs(),
+                                                config=dataclasses.replace(cfg, nsplit=nsplit)),
+                             *ref_sparse_decode(**case.kwargs()))
+        assert res["ok"], (cfg, res)
