@@ -87,17 +87,26 @@ def fp8_paged_mqa_logits_sm120(
     max_seq_len: int,
     clean_logits: bool = True,
 ) -> torch.Tensor:
-    """SGLang-compatible paged MQA logits ``[B, max_seq_len]`` with ``-inf`` past each length.
+    """SGLang-compatible paged MQA logits ``[B, max_seq_len]``: O(real length) per row.
 
-    The ``-inf`` tail is part of the 0.5.23 contract (its top-k masks nothing itself on some
-    paths), so it is written; the key reads still follow the real lengths.
+    Only ``[:, :seq_lens]`` is written unless ``clean_logits``; then ``-inf`` fills the tail.
+    SGLang 0.5.23's one caller (``dsv4/indexer.py``, ``run_paged_indexer``) passes
+    ``clean_logits=False`` and hands the logits to ``run_topk_transform``, whose consumers on
+    sm_120 never read past a row's length: the default ``sgl-kernel`` backend with
+    ``SGLANG_OPT_USE_TOPK_V2=0`` (the model hook's sm_120 setting) runs ``topk_transform_paged``
+    -> ``jit/csrc/deepseek_v4/topk_v1.cuh``, whose ``naive_transform``/``radix_topk`` read
+    ``scores[0, seq_len)`` only; the ``torch`` and unfused ``flashinfer`` backends
+    (``_topk_transform_vectorized``) mask positions ``>= seq_lens`` with ``-inf`` themselves
+    before their top-k. Writing the tail on every call cost O(max context): B=64 with 1K real
+    keys took 9.6 µs at 1K max and 26.5 µs at 262K max (issue 24). SGLang's own torch version
+    fills the tail although its caller asks it not to (it allocates with ``new_full(-inf)``).
     """
-    _ = deep_gemm_metadata, clean_logits
+    _ = deep_gemm_metadata
     lens = seq_lens.reshape(-1)
     lens = lens if lens.dtype == torch.int32 else lens.to(torch.int32)
     pt = page_table if page_table.dtype == torch.int32 else page_table.to(torch.int32)
     return indexer_logits(q_fp8, kvcache_fp8.view(torch.uint8), weight, lens, pt,
-                          int(max_seq_len), clean=True)
+                          int(max_seq_len), clean=bool(clean_logits))
 
 
 def load_sglang_functions(path: str | pathlib.Path, names: list[str],

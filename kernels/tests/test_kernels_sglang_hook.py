@@ -85,12 +85,63 @@ def test_logits_equal_sglang_torch_path(gen: torch.Generator) -> None:
     c = make_indexer_case(gen, batch=3, heads=16, lens=[0, 70, 190], max_len=200, page_size=64)
     args = (c.q_fp8.unsqueeze(1), c.index_cache, c.weights, c.seq_lens, c.page_table, None, 200)
     theirs = _real_logits_fn()(*args, clean_logits=False)
-    ours = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=False)
+    ours = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=True)
     assert ours.shape == theirs.shape == (3, 200)
     fin = torch.isfinite(theirs)
     assert torch.equal(fin, torch.isfinite(ours))
     # SGLang rounds the dot products to bf16; ours accumulate in fp32
     assert float((ours[fin] - theirs[fin]).norm() / theirs[fin].norm()) < 1e-2
+    # what the caller asks for (clean_logits=False): the same values up to each length
+    lazy = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=False)
+    for r, n in enumerate([0, 70, 190]):
+        assert torch.equal(lazy[r, :n], ours[r, :n])
+
+
+def test_logits_tail_is_left_to_the_consumer(gen: torch.Generator,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 (O(actual) through the hook): with ``clean_logits=False`` nothing past a row's
+    length is written, and SGLang 0.5.23's consumers of those logits on sm_120 never read it.
+    A poisoned tail (NaN, +inf) must not change the torch top-k backend's selection; the CUDA
+    one (topk_v1.cuh, the sm_120 default) is pinned by its source: it reads [0, seq_len)."""
+    from dsv4_kernels import indexer
+
+    real = indexer.indexer_logits
+
+    def poisoned(*a: object, **kw: object) -> torch.Tensor:
+        rows, max_len = a[0].shape[0], a[5]  # type: ignore[attr-defined]
+        out = torch.full((rows, max_len), float("nan"))  # type: ignore[arg-type]
+        out[:, 1::3] = float("inf")
+        assert kw.get("clean") is False
+        return real(*a, out=out, **kw)  # type: ignore[arg-type]
+
+    lens = [0, 30, 600, 1000]
+    c = make_indexer_case(gen, batch=4, heads=16, lens=lens, max_len=1100, page_size=64)
+    args = (c.q_fp8.unsqueeze(1), c.index_cache, c.weights, c.seq_lens, c.page_table, None,
+            1100)
+    clean = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=True)
+    monkeypatch.setattr(sglang_compat, "indexer_logits", poisoned)
+    lazy = sglang_compat.fp8_paged_mqa_logits_sm120(*args, clean_logits=False)
+    for r, n in enumerate(lens):  # the poison past each length is left as it was
+        assert not torch.isfinite(lazy[r, n:]).any() and torch.isfinite(lazy[r, :n]).all()
+    fns = sglang_compat.load_sglang_functions(
+        INDEXER_FILE, ["_arange_cache", "_topk_transform_vectorized",
+                       "topk_transform_pytorch_vectorized"])
+    picks = []
+    for logits in (clean, lazy):
+        slots = torch.empty(4, 512, dtype=torch.int32)
+        raw = torch.empty(4, 512, dtype=torch.int32)
+        fns["topk_transform_pytorch_vectorized"](logits, c.seq_lens, c.page_table.long(),
+                                                 slots, 64, raw)
+        picks.append([sorted(x for x in row.tolist() if x >= 0) for row in raw])
+    assert picks[0] == picks[1]
+    assert [len(p) for p in picks[1]] == [0, 30, 512, 512]
+    # the sm_120 default consumer (sgl-kernel, SGLANG_OPT_USE_TOPK_V2=0): reads [0, seq_len)
+    cuh = (SGLANG_ROOT / "kernels/jit/csrc/deepseek_v4/topk_v1.cuh").read_text()
+    assert "radix_topk(score_ptr, s_topk_indices, seq_len, topk);" in cuh
+    assert "if (const auto tx = threadIdx.x; tx < length) {" in cuh
+    # and the 0.5.23 caller asks for no tail
+    src = INDEXER_FILE.read_text()
+    assert "indexer_metadata.max_compressed_seq_len,\n                    False,\n" in src
 
 
 def _py(code: str, env_on: bool) -> subprocess.CompletedProcess[str]:
