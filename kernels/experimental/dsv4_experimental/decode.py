@@ -232,7 +232,7 @@ def _sparse_decode_staged_kernel(
     The tile loads carry no indices and no data-dependent addresses, so Triton's software
     pipeliner can stream them into shared memory ``STAGES`` tiles ahead (cp.async) and feed
     both products from there: no [BT, 512] tile passes through registers, which is what
-    capped the fused kernels (255 registers and spills, NOTES.md v4).
+    capped the fused kernels (255 registers and spills, notes v4).
     """
     r = tl.program_id(0)
     hb = tl.program_id(1)
