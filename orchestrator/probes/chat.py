@@ -143,6 +143,12 @@ def _close(a: Any, b: float) -> bool:
         return False
 
 
+def _params(d: dict[str, Any]) -> str:
+    """``temperature 0.6, top_p unset``: sampling parameters in words, not a Python dict."""
+    return ", ".join(f"{k} {'unset' if v is None else format(v, 'g') if isinstance(v, float) else v}"
+                     for k, v in d.items())
+
+
 async def check_sampling(ep: Endpoint, model: str, temperature: float, top_p: float) -> Check:
     want = {"temperature": temperature, "top_p": top_p}
     problems: list[str] = []
@@ -164,8 +170,8 @@ async def check_sampling(ep: Endpoint, model: str, temperature: float, top_p: fl
         bad = {k: pref.get(k) for k, v in want.items() if not _close(pref.get(k), v)}
         evidence.append("model_info")
         if bad:
-            problems.append(f"server's preferred_sampling_params {bad} differ from the "
-                            f"profile's {want} (--preferred-sampling-params)")
+            problems.append(f"server's preferred_sampling_params ({_params(bad)}) differ from "
+                            f"the profile's ({_params(want)}) (--preferred-sampling-params)")
     try:
         resp = await request_json(ep, "POST", "/v1/chat/completions", {
             "model": model, "max_tokens": 8,
@@ -178,8 +184,8 @@ async def check_sampling(ep: Endpoint, model: str, temperature: float, top_p: fl
         evidence.append("response echo")
         bad = {k: echo.get(k) for k, v in want.items() if not _close(echo.get(k), v)}
         if bad:
-            problems.append(f"a request without sampling parameters ran with {bad}, not the "
-                            f"profile's defaults {want}")
+            problems.append(f"a request without sampling parameters ran with {_params(bad)}, "
+                            f"not the profile's defaults ({_params(want)})")
     if not evidence:
         return Check("sampling_defaults", False,
                      "cannot verify: the server exposes neither /model_info "
