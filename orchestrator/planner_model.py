@@ -126,10 +126,9 @@ class DiskRow(_Frozen):
 class PlannedFile(_Frozen):
     path: str  # relative to the release root
     mode: int
-    sha256: str | None  # None for sensitive files
-    sensitive: bool = False
+    sha256: str
     roles: list[str] = Field(default_factory=list)  # roles that must restart if this file changes
-    content: str | None = None  # None for sensitive files; present in saved plans
+    content: str | None = None  # present in saved plans, left out of `plan --format json`
 
 
 class Action(_Frozen):

@@ -82,11 +82,10 @@ def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> Non
                         f"resolves to (fields: {', '.join(fields)})", fix=fix)
     import hashlib
 
-    want = {p: (f.mode, None if f.sensitive else f.sha256, f.sensitive, tuple(f.roles))
-            for p, f in tree.files.items()}
+    want = {p: (f.mode, f.sha256, tuple(f.roles)) for p, f in tree.files.items()}
     have = {f.path: (f.mode, None if f.content is None
                      else hashlib.sha256(f.content.encode("utf-8")).hexdigest(),
-                     f.sensitive, tuple(f.roles)) for f in plan.files if f.path != "manifest.json"}
+                     tuple(f.roles)) for f in plan.files if f.path != "manifest.json"}
     diff = sorted(p for p in want.keys() | have.keys() if want.get(p) != have.get(p))
     if diff:
         shown = ", ".join(repr(p) for p in diff[:5]) + (" ..." if len(diff) > 5 else "")

@@ -215,26 +215,22 @@ def resolve_secrets(profile: Profile) -> dict[str, str]:
 
 
 def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, str], str]:
-    """The release tree (files + manifest.json + plan.json), the manifest's hashes and its text."""
+    """The release tree (files + manifest.json + plan.json), the manifest's hashes and its text.
+
+    The manifest is the renderer's (:meth:`orchestrator.render.ReleaseTree.manifest`, its one
+    writer), built from the plan's files after :func:`release_files` checked each against the
+    sha256 the plan recorded."""
+    from orchestrator.render import ReleaseTree, RenderedFile
+
     files = release_files(plan.files)
-    if MANIFEST in files:
-        manifest_text = files[MANIFEST][0].decode()
-    else:  # a plan without the manifest: build it the way the renderer does
-        manifest_text = json.dumps({
-            "format": 1, "deployment": plan.deployment.name,
-            "files": {p: {"mode": f"{m:04o}", "roles": list(r), "sensitive": False,
-                          "sha256": hashlib.sha256(d).hexdigest()}
-                      for p, (d, m, r) in sorted(files.items())},
-        }, indent=2, sort_keys=True) + "\n"
-    doc = json.loads(manifest_text)
-    hashes = {p: v["sha256"] for p, v in doc["files"].items() if v.get("sha256")}
+    manifest_text = ReleaseTree(plan.deployment.name, {
+        p: RenderedFile(d.decode("utf-8"), m, tuple(r)) for p, (d, m, r) in files.items()
+    }).manifest()
+    hashes = {p: f.sha256 for p, f in release_from_manifest(json.loads(manifest_text)).items()
+              if f.sha256}
     tree = {p: (d, m) for p, (d, m, _) in files.items()}
     tree[MANIFEST] = (manifest_text.encode(), 0o644)
     tree[PLAN] = (plan.model_dump_json(indent=2).encode() + b"\n", 0o644)
-    for p, h in hashes.items():
-        if p not in tree or hashlib.sha256(tree[p][0]).hexdigest() != h:
-            raise StalePlan(f"the plan's manifest and its files disagree on {p}",
-                            fix="re-create the plan with `dsv4ctl plan -o`")
     return tree, hashes, manifest_text
 
 

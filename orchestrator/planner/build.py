@@ -172,9 +172,8 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     checks = sort_checks(locate_checks(checks, ctx.profile_text, str(ctx.profile_path)))
 
     tree = render_release(ctx.profile, dep)
-    files = [PlannedFile(path=p, mode=f.mode, sha256=None if f.sensitive else f.sha256,
-                         sensitive=f.sensitive, roles=list(f.roles),
-                         content=None if f.sensitive else f.content)
+    files = [PlannedFile(path=p, mode=f.mode, sha256=f.sha256, roles=list(f.roles),
+                         content=f.content)
              for p, f in sorted(tree.files.items())]
     actions = host_transition(files, facts)
     return Plan(

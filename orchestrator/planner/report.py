@@ -2,7 +2,8 @@
 
 Summary first, then the per-GPU capacity table, disks, checks, and the actions in Terraform's
 vocabulary (``+`` create, ``~`` change, ``-`` remove, ``~>`` restart). Output is a pure function of the
-Plan, so golden tests pin it byte for byte. Sensitive files are shown as ``(sensitive)``.
+Plan, so golden tests pin it byte for byte. Secrets never enter a plan (units read them from the
+host's secrets file), so there is nothing to mask.
 """
 
 from __future__ import annotations

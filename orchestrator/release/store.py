@@ -47,15 +47,6 @@ class HostShell(Protocol):
     def replace_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None: ...
 
 
-def build_manifest(files: Mapping[str, tuple[bytes, int, list[str]]]) -> str:
-    """``manifest.json``: sha256, mode and restart roles of every file of the release tree."""
-    doc = {"format": 1, "files": {
-        p: {"sha256": hashlib.sha256(data).hexdigest(), "mode": oct(mode), "roles": sorted(roles)}
-        for p, (data, mode, roles) in sorted(files.items())
-    }}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
-
-
 def build_tarball(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     """A deterministic gzip'd tar of the release tree (sorted, fixed mtime/owner)."""
     buf = io.BytesIO()
@@ -80,17 +71,17 @@ def build_tarball(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 
 
 def release_files(files: Iterable[PlannedFile]) -> dict[str, tuple[bytes, int, list[str]]]:
-    """The non-sensitive planned files as bytes, refusing unsafe paths (a plan file is input)."""
+    """The planned files as bytes, refusing unsafe paths (a plan file is input)."""
     out: dict[str, tuple[bytes, int, list[str]]] = {}
     for f in files:
-        if f.sensitive or f.content is None:
+        if f.content is None:
             continue
         parts = f.path.split("/")
         if f.path.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise RemoteError(f"refusing planned file with unsafe path {f.path!r}",
                               fix="re-create the plan with `dsv4ctl plan -o`")
         data = f.content.encode("utf-8")
-        if f.sha256 is not None and hashlib.sha256(data).hexdigest() != f.sha256:
+        if hashlib.sha256(data).hexdigest() != f.sha256:
             raise RemoteError(f"planned file {f.path} does not match its sha256 (edited plan?)",
                               fix="re-create the plan with `dsv4ctl plan -o`")
         out[f.path] = (data, f.mode, list(f.roles))

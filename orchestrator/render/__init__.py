@@ -88,7 +88,6 @@ class RenderedFile:
     content: str
     mode: int = MODE_FILE
     roles: tuple[str, ...] = ()  # roles that must restart when this file changes
-    sensitive: bool = False
 
     @property
     def sha256(self) -> str:
@@ -109,8 +108,7 @@ class ReleaseTree:
                 path: {
                     "mode": f"{f.mode:04o}",
                     "roles": list(f.roles),
-                    "sensitive": f.sensitive,
-                    "sha256": None if f.sensitive else f.sha256,
+                    "sha256": f.sha256,
                 }
                 for path, f in sorted(self.files.items())
             },
@@ -144,7 +142,7 @@ class ReleaseTree:
         """All files in one stream (for ``render --stdout`` and git textconv)."""
         parts = []
         for rel, f in self.all_files().items():
-            body = "(sensitive)\n" if f.sensitive else f.content
+            body = f.content
             roles = ",".join(f.roles) or "-"
             parts.append(f"==> {rel} (mode {f.mode:04o}, restarts {roles}) <==\n{body}")
         return "\n".join(parts)

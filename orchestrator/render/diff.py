@@ -40,7 +40,7 @@ class FileChange:
     path: str
     kind: str  # added | removed | changed | mode
     roles: tuple[str, ...]
-    diff: str  # unified diff text ("" for sensitive files)
+    diff: str  # unified diff text
 
 
 @dataclass
@@ -108,7 +108,6 @@ def file_changes(a: ReleaseTree, b: ReleaseTree, *, context: int = 3) -> list[Fi
                 new.content, new.mode):
             continue
         roles = tuple(sorted(set(old.roles if old else ()) | set(new.roles if new else ())))
-        sensitive = bool((old and old.sensitive) or (new and new.sensitive))
         if old is None:
             kind = "added"
         elif new is None:
@@ -117,8 +116,7 @@ def file_changes(a: ReleaseTree, b: ReleaseTree, *, context: int = 3) -> list[Fi
             kind = "mode"
         else:
             kind = "changed"
-        text = "" if sensitive else _unified(path, old.content if old else "",
-                                             new.content if new else "", context)
+        text = _unified(path, old.content if old else "", new.content if new else "", context)
         if kind == "mode" and old and new:
             text = f"mode {old.mode:04o} -> {new.mode:04o}\n"
         out.append(FileChange(path, kind, roles, text))

@@ -339,7 +339,7 @@ def test_a_saved_fleet_plan_holds_every_host_and_is_not_taken_for_one_hosts(
     saved = load_fleet_plan(out)
     assert [p.host for p in saved.plans] == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
     assert saved == plan_fleet(load_fleet(PROFILES / "fleet-3x.yaml", None))
-    assert all(f.content for p in saved.plans for f in p.files if not f.sensitive)
+    assert all(f.content for p in saved.plans for f in p.files)
     with pytest.raises(InputError) as info:
         load_plan(out)
     assert "a fleet's plan (gpu-a, gpu-b, gpu-c)" in info.value.render()

