@@ -261,7 +261,7 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
         echo(format_json(d), nl=False, raw=True)
     else:
         echo((format_markdown if fmt == "markdown" else format_text)(d, verbose=verbose), nl=False)
-    if detailed_exitcode and d.has_changes:
+    if detailed_exitcode and d.actions:  # exit 2 when applying NEW over OLD would do something
         return int(ExitCode.CHANGES)
     return 0
 

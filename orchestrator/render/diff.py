@@ -56,7 +56,7 @@ class ReviewDiff:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.fields or self.files)
+        return bool(self.fields or self.files or self.actions)
 
     def units(self, kind: str) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]

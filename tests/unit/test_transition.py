@@ -198,6 +198,9 @@ def test_diff_and_plan_compute_the_same_actions(pair: tuple[Path, Path],
             assert "no differences" in out.lower(), fmt
     assert b.actions == between(a.files, b.files)
     assert release_from_planned(b.files)  # the desired release is the plan's files
+    # --detailed-exitcode counts the same list: 2 exactly when there is something to do
+    assert main(["diff", str(a_path), str(b_path), "--detailed-exitcode"]) == (2 if b.actions else 0)
+    capsys.readouterr()
 
 
 def test_switching_deployments_frees_the_old_releases_ports() -> None:
