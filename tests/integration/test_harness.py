@@ -2,8 +2,10 @@
 
 Owns the proof that the integration test bed is what it claims: SSH (fabric) reaches every fake
 host, their filesystems are private, `systemctl --user` runs the simulator as a unit, every
-fault switch of the simulator does what its documentation says, and the router double reports
-readiness and its workers. Each test uses its own unit names and ports so they do not interfere.
+fault switch of the simulator does what its documentation says, the fake host's router unit runs
+the real sglang-router 0.3.2 (PD mode, the simulators accepting its bootstrap fields), and the
+router double runs only when a test asks the router for a fault. Each test uses its own unit
+names and ports so they do not interfere.
 """
 
 from __future__ import annotations
@@ -355,9 +357,8 @@ def test_rule_max_times_and_bad_control(engine: Any, hosts: list[FakeHost]) -> N
         h.write_sim_control({"default": {"never_redy": True}})
 
 
-# -- router double ----------------------------------------------------------------------------
-def test_router_readiness_and_workers(hosts: list[FakeHost], fresh_sim_control: Any) -> None:
-    h = hosts[1]
+# -- the real router (sglang-router 0.3.2) and the router double ------------------------------
+def _pd_router_units(h: FakeHost, *extra: str) -> list[str]:
     h.exec(f"mkdir -p {MODEL}", check=True)
     pre = engine_argv(30031, "--disaggregation-mode", "prefill",
                       "--disaggregation-bootstrap-port", "8998")
@@ -366,15 +367,27 @@ def test_router_readiness_and_workers(hosts: list[FakeHost], fresh_sim_control: 
               "--pd-disaggregation", "--prefill", "http://127.0.0.1:30031", "8998",
               "--decode", "http://127.0.0.1:30032", "--host", "0.0.0.0", "--port", "8000",
               "--prometheus-port", "29000", "--health-failure-threshold", "1",
-              "--health-success-threshold", "1"]
+              "--health-success-threshold", "1", "--health-check-interval-secs", "1", *extra]
     names = ["selftest-prefill", "selftest-decode", "selftest-router"]
+    for name, argv in zip(names, (pre, dec, router), strict=True):
+        start_unit(h, name, argv)
+    return names
+
+
+def test_real_router_readiness_workers_and_pd(hosts: list[FakeHost],
+                                              fresh_sim_control: Any) -> None:
+    """The fake host's router unit runs the real sglang-router 0.3.2 in PD mode in front of the
+    simulators: ready, both workers listed, generation with its bootstrap fields accepted."""
+    h = hosts[1]
+    names = _pd_router_units(h)
     try:
-        for name, argv in zip(names, (pre, dec, router), strict=True):
-            start_unit(h, name, argv)
-        wait_for(lambda: ready(h, 8000, "/readiness"), 15, "router readiness")
+        wait_for(lambda: ready(h, 8000, "/readiness"), 30, "router readiness")
+        runs = [r for r in h.sim_runs() if r.get("mode") == "router"]
+        assert runs and runs[-1]["impl"] == "real"
         workers = http(h, 8000, "/workers")[1]["workers"]
-        assert sorted((w["worker_type"], w["url"]) for w in workers) == [
-            ("decode", "http://127.0.0.1:30032"), ("prefill", "http://127.0.0.1:30031")]
+        assert sorted((w["worker_type"], w["url"], w.get("bootstrap_port")) for w in workers) == [
+            ("decode", "http://127.0.0.1:30032", None),
+            ("prefill", "http://127.0.0.1:30031", 8998)]
         assert http(h, 8000, "/v1/models")[1]["data"][0]["id"] == "dsv4-test"
         status, body = chat(h, 8000, "What is 6 * 7?")
         assert status == 200 and body["choices"][0]["message"]["content"] == "6 * 7 = 42."
@@ -382,12 +395,28 @@ def test_router_readiness_and_workers(hosts: list[FakeHost], fresh_sim_control: 
             "model": "dsv4-test", "stream": True,
             "messages": [{"role": "user", "content": "What is 1 + 1?"}]})
         assert events[-1] == "[DONE]"
+        # a PD engine refuses a request without the router's bootstrap fields
+        assert chat(h, 30032, "What is 6 * 7?")[0] == 400
         metrics = http(h, 29000, "/metrics")[1]
-        assert 'smg_worker_pool_size{worker_type="decode"} 1' in metrics
-        modes = [r["mode"] for r in h.sim_runs()]
-        assert {"prefill", "decode", "router"} <= set(modes)
+        assert 'smg_worker_pool_size{worker_type="decode"' in metrics
         h.systemctl("stop", "selftest-decode.service", check=True)
-        wait_for(lambda: http(h, 8000, "/readiness")[0] == 503, 10, "router not ready")
+        wait_for(lambda: http(h, 8000, "/readiness")[0] == 503, 15, "router not ready")
+    finally:
+        for name in names:
+            stop_unit(h, name)
+
+
+def test_router_double_runs_only_for_router_faults(hosts: list[FakeHost],
+                                                   fresh_sim_control: Any) -> None:
+    """A control file that addresses the router starts the double (faults the real router cannot
+    be made to show: here generation failing while every worker is healthy)."""
+    h = hosts[1]
+    h.write_sim_control({"by_mode": {"router": {"fail_generate": True}}})
+    names = _pd_router_units(h)
+    try:
+        wait_for(lambda: ready(h, 8000, "/readiness"), 30, "router readiness")
+        assert [r for r in h.sim_runs() if r.get("mode") == "router"][-1]["impl"] == "double"
+        assert chat(h, 8000, "What is 6 * 7?")[0] == 500
     finally:
         for name in names:
             stop_unit(h, name)

@@ -1,5 +1,6 @@
 """Helpers shared by the monitoring and probe tests: shipped profiles resolved like `dsv4ctl plan`
-does, profiles built in a test, and engine/router simulator processes on 127.0.0.1.
+does, profiles built in a test, and engine simulator processes with the real sglang-router 0.3.2
+in front of them, on 127.0.0.1.
 
 The simulators (tests/sim, owned by the simulator) are started as plain local processes; each one
 gets its behaviour switches through `by_port` in a control file shared by the test's processes.
@@ -75,6 +76,7 @@ class Sims:
         self.tmp = tmp
         self.control: dict[str, Any] = {"by_port": {}}
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.bootstrap: dict[str, int] = {}  # prefill URL -> its bootstrap port
         (tmp / "model").mkdir()
 
     def _env(self) -> dict[str, str]:
@@ -102,18 +104,28 @@ class Sims:
                 "--preferred-sampling-params", '{"temperature": 1.0, "top_p": 0.95}']
         if parsers:
             args += ["--reasoning-parser", "deepseek-v4", "--tool-call-parser", "deepseekv4"]
+        boot = free_port()
         if mode is not None:
-            boot = free_port()
             args += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend",
                      "mooncake_tcp", "--disaggregation-bootstrap-port", str(boot)]
-        return self._spawn(args, port, switches, "/ready")
+        url = self._spawn(args, port, switches, "/ready")
+        self.bootstrap[url] = boot
+        return url
 
-    def router(self, prefill: str, decode: str) -> str:
+    def router(self, prefill: str | None = None, decode: str | None = None, *,
+               workers: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> str:
+        """The real sglang-router 0.3.2: PD mode in front of `prefill` (from :meth:`engine` with
+        ``mode="prefill"``, whose bootstrap port it is given, as the router must be) and
+        `decode`, or regular mode in front of `workers`."""
         port = free_port()
-        boot = 8998
-        args = ["tests.sim.router", "--pd-disaggregation", "--prefill", prefill, str(boot),
-                "--decode", decode, "--host", "127.0.0.1", "--port", str(port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        if workers:
+            args = ["sglang_router.launch_router", "--worker-urls", *workers]
+        else:
+            assert prefill is not None and decode is not None
+            args = ["sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill,
+                    str(self.bootstrap[prefill]), "--decode", decode]
+        args += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+                 "--prometheus-port", str(free_port()), *extra]
         return self._spawn(args, port, {}, "/readiness")
 
     def stop(self) -> None:

@@ -9,9 +9,15 @@ endpoints and metric names.
 - `install_engine_env(dest_dir, python)`: makes `dest_dir` a venv (built from the base
   interpreter of `python`, without the real sglang: the simulator neither shadows nor needs
   `/work/main/.venv`'s sglang) whose `bin/sglang` runs `engine.main` and whose
-  `python -m sglang_router.launch_router` runs `router.main`. The simulator's code is copied into
-  `dest_dir/lib/dsv4sim-pkgs/` (a `.pth` file puts it on the venv's path), so the env works inside
-  a fake host's private mount namespace.
+  `python -m sglang_router.launch_router` runs **the real sglang-router 0.3.2** (the Rust router
+  in the pinned wheel, requirements/parsers.txt) from `python`'s environment: its package and its
+  dependency closure are linked into `dest_dir/lib/router-pkgs/`, and a thin `sglang_router`
+  package in front of it (`router_shim`) records each start in `sim-runs.jsonl` and hands over to
+  the real `launch_router.main`. The router double (`router.main`) runs instead only when the
+  control file asks the router for a fault (`router_shim.DOUBLE_ONLY`): faults the real router
+  cannot be made to show. The simulator's code is copied into `dest_dir/lib/dsv4sim-pkgs/` (a
+  `.pth` file puts it on the venv's path), so the env works inside a fake host's private mount
+  namespace.
 - `install_fake_nvidia_smi(bin_dir, python, config=None)`: writes `bin_dir/nvidia-smi` and its
   GPU config `bin_dir/nvidia-smi.json` (see `nvidia_smi`).
 - Behaviour switches: `control` (control file `<env>/sim-control.json` or `$DSV4_SIM_CONTROL`,
@@ -26,6 +32,7 @@ responses and the first stream chunk) and `sim_meta` (how a needle question was 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,18 +41,58 @@ from typing import Any
 
 SIM_DIR = Path(__file__).resolve().parent
 _MODULES = ("__init__.py", "control.py", "engine.py", "httpbase.py", "metrics.py", "router.py",
-            "textgen.py", "nvidia_smi.py")
+            "router_shim.py", "textgen.py", "nvidia_smi.py")
 
-_ROUTER_PKG_INIT = '''"""Router double installed by tests/sim: not the real sglang-router."""
+_ROUTER_PKG_INIT = '''"""sglang_router of a fake host: the real package joins this one (tests/sim)."""
+from dsv4sim.router_shim import REAL_DIR
+
+__path__.append(REAL_DIR)  # every module but launch_router comes from the real package
+from sglang_router.version import __version__  # noqa: E402
 '''
-_ROUTER_LAUNCH = '''"""`python -m sglang_router.launch_router`: delegates to the simulator's router double."""
+_ROUTER_LAUNCH = '''"""`python -m sglang_router.launch_router`: record the start, run the real router."""
 import sys
 
-from dsv4sim.router import main
+from dsv4sim.router_shim import main
 
 if __name__ == "__main__":
     sys.exit(main())
 '''
+
+
+def router_closure(python: str = sys.executable) -> tuple[str, list[str]]:
+    """(the real sglang_router package dir, every top-level path of sglang-router 0.3.2 and of its
+    dependency closure) in `python`'s environment; raises RuntimeError when it is not installed."""
+    probe = r'''
+import importlib.metadata as md, json, re, sys
+seen, todo, paths = set(), ["sglang-router"], set()
+while todo:
+    name = todo.pop()
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in seen:
+        continue
+    seen.add(key)
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        if name == "sglang-router":
+            sys.exit("sglang-router is not installed: pip install --no-deps -r requirements/parsers.txt")
+        continue  # a requirement for another Python (exceptiongroup, async-timeout)
+    for req in dist.requires or []:
+        if "extra ==" not in req:
+            todo.append(re.match(r"[A-Za-z0-9_.-]+", req).group(0))
+    for f in dist.files or []:
+        top = f.parts[0]
+        if top not in ("..", "__pycache__") and not top.endswith((".dist-info", ".data")):
+            paths.add(str(dist.locate_file(top)))
+import sglang_router
+print(json.dumps([sglang_router.__path__[0], sorted(paths)]))
+'''
+    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cannot find the real sglang-router in {python}: "
+                           f"{proc.stderr.strip() or proc.stdout.strip()}")
+    real, paths = json.loads(proc.stdout)
+    return real, paths
 
 
 def _base_python(python: str) -> str:
@@ -81,6 +128,15 @@ def install_engine_env(dest_dir: Path, python: str = sys.executable, *, with_pip
         d.mkdir(parents=True)
     for name in _MODULES:
         shutil.copy2(SIM_DIR / name, sim / name)
+    real_dir, closure = router_closure(python)
+    (sim / "router_real_dir.txt").write_text(real_dir + "\n")
+    deps = dest_dir / "lib" / "router-pkgs"
+    if deps.exists():
+        shutil.rmtree(deps)
+    deps.mkdir()
+    for path in closure:
+        if Path(path).name != "sglang_router":  # that one is reached through the shim's __path__
+            os.symlink(path, deps / Path(path).name)
     (router / "__init__.py").write_text(_ROUTER_PKG_INIT)
     (router / "launch_router.py").write_text(_ROUTER_LAUNCH)
     # `sglang.cli.main:main`, the entry point behind the real `bin/sglang`: the launch script calls
@@ -92,7 +148,9 @@ def install_engine_env(dest_dir: Path, python: str = sys.executable, *, with_pip
         '"""`sglang.cli.main:main` of the simulator: `sglang serve ARGS` from sys.argv."""\n'
         "from dsv4sim.engine import main\n")
     site = next((dest_dir / "lib").glob("python3*/site-packages"))
-    (site / "dsv4sim.pth").write_text(str(prefix / "lib" / "dsv4sim-pkgs") + "\n")
+    # the simulator first (its sglang_router shim shadows the real package it extends)
+    (site / "dsv4sim.pth").write_text(str(prefix / "lib" / "dsv4sim-pkgs") + "\n"
+                                      + str(prefix / "lib" / "router-pkgs") + "\n")
     sglang = dest_dir / "bin" / "sglang"
     sglang.write_text(
         "#!/bin/sh\n"

@@ -8,6 +8,17 @@ server), `/generate`, `/v1/chat/completions` and `/v1/completions` (both with SS
 What it answers is defined in `textgen` (token rule, needle protocol, reasoning, tool calls);
 how it misbehaves is chosen by the control file (`control`). Stdlib only, Python >= 3.11.
 
+PD handshake (what sglang-router 0.3.2 sends, seen on the wire: it adds `bootstrap_host` (the
+prefill worker's URL host), `bootstrap_port` (the port given after `--prefill URL`) and a random
+`bootstrap_room` to the request body and sends it to a prefill and a decode worker at once). A
+prefill or decode simulator refuses a generation without those three fields (400): a PD request
+without them can never be paired. A prefill refuses a `bootstrap_port` other than its own
+`--disaggregation-bootstrap-port` (400) and registers the room with its bootstrap server; a decode
+asks that server, at `bootstrap_host:bootstrap_port`, for the room (for up to
+`BOOTSTRAP_WAIT_S`, the two requests race) and fails the request (500, "KV transfer failed")
+when it never appears there. So a router that points a decode at the wrong prefill address or
+bootstrap port fails its requests here as it would on real hosts.
+
 Every start appends one JSON line to `<engine env>/sim-runs.jsonl` (or `$DSV4_SIM_RUNS`):
 `{"pid", "time", "argv", "mode", "port", "switches", "unknown_args"}`, so tests can count
 restarts per role. Exit codes: 2 bad argv or control file, 1 cannot start (model path
@@ -17,6 +28,7 @@ missing, port in use), `crash_exit_code` for a simulated crash, 0 on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shlex
@@ -32,6 +44,7 @@ from .httpbase import Handler, Server, TokenBucket, serve_forever, start_crash_t
 from .metrics import EngineMetrics
 
 VERSION = "0.5.23"
+BOOTSTRAP_WAIT_S = 5.0  # how long a decode waits for its room to appear at the prefill
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +127,8 @@ class Engine:
         self.metrics.spec_accept_length = float(switches["spec_accept_length"])
         self.metrics.overrides = {k: float(v) for k, v in switches["metrics"].items()}
         self.sampling_defaults = self._sampling_defaults()
+        self.rooms: set[int] = set()  # prefill: bootstrap rooms its requests registered
+        self.rooms_lock = threading.Lock()
 
     def _pool_tokens(self) -> int:
         """The pool this engine reports (control switches pool_tokens / pool_factor)."""
@@ -248,7 +263,7 @@ class EngineHandler(Handler):
             fn = routes.get(path)
             if fn is None:
                 self.send_json(404, {"detail": "Not Found"})
-            elif self._gate():
+            elif self._gate() and self._bootstrap(body):
                 fn(body)
         except (BrokenPipeError, ConnectionResetError):
             with self.engine.metrics.lock:
@@ -282,6 +297,49 @@ class EngineHandler(Handler):
                                            "(fail_generate)", "type": "InternalServerError"}})
             return False
         return True
+
+    def _bootstrap(self, body: dict[str, Any]) -> bool:
+        """The PD handshake (see the module docstring); True when the request may go on."""
+        e = self.engine
+        if e.mode == "unified":
+            return True
+        host, port, room = (body.get(k) for k in ("bootstrap_host", "bootstrap_port",
+                                                 "bootstrap_room"))
+        if not (isinstance(host, str) and host and isinstance(port, int)
+                and isinstance(room, int) and not isinstance(room, bool)):
+            self.send_json(400, {"error": {"message": (
+                f"{e.mode} server needs bootstrap_host, bootstrap_port and bootstrap_room in a "
+                f"disaggregated request, got {host!r}, {port!r}, {room!r}"),
+                "type": "BadRequestError"}})
+            return False
+        if e.mode == "prefill":
+            own = e.args.disaggregation_bootstrap_port
+            if port != own:
+                self.send_json(400, {"error": {"message": (
+                    f"bootstrap_port {port} is not this prefill's bootstrap port {own}"),
+                    "type": "BadRequestError"}})
+                return False
+            with e.rooms_lock:
+                e.rooms.add(room)
+            return True
+        deadline = time.monotonic() + BOOTSTRAP_WAIT_S
+        why = ""
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=2)
+                conn.request("GET", f"/sim/room/{room}")
+                status = conn.getresponse().status
+                conn.close()
+                if status == 200:
+                    return True
+                why = f"room {room} unknown there"
+            except (OSError, http.client.HTTPException) as exc:
+                why = f"cannot reach it: {exc}"
+            time.sleep(0.05)
+        self.send_json(500, {"error": {"message": (
+            f"KV transfer failed: bootstrap server {host}:{port}: {why}"),
+            "type": "InternalServerError"}})
+        return False
 
     # -- the shared generation loop ------------------------------------------------------
     def _run(self, prompt_tokens: int, pieces: list[str], emit: Any, stream: bool) -> float:
@@ -526,10 +584,27 @@ class EngineHandler(Handler):
 
 
 class BootstrapHandler(Handler):
-    """Stand-in for the prefill side's KV bootstrap server (binds its port, answers /health)."""
+    """Stand-in for the prefill side's KV bootstrap server: binds its port, answers /health, and
+    `/sim/room/ROOM` with 200 once a request of that room reached this prefill (else 404)."""
+
+    engine: Engine
 
     def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path.startswith("/sim/room/"):
+            try:
+                room = int(path[len("/sim/room/"):])
+            except ValueError:
+                self.send_text(400, "bad room")
+                return
+            with self.engine.rooms_lock:
+                known = room in self.engine.rooms
+            self.send_text(200 if known else 404, "OK" if known else "unknown room")
+            return
         self.send_text(200, "OK")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a decode polls here for every request
 
 
 def _env_dir() -> Path:
@@ -593,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = Server((args.host, args.port), handler)
         if mode == "prefill":
-            boot = Server((args.host, args.disaggregation_bootstrap_port), BootstrapHandler)
+            boot = Server((args.host, args.disaggregation_bootstrap_port),
+                          type("BoundBootstrapHandler", (BootstrapHandler,), {"engine": engine}))
             threading.Thread(target=boot.serve_forever, daemon=True).start()
     except OSError as exc:
         return _fail(1, f"cannot listen on {args.host}:{args.port} or its bootstrap port: {exc}")

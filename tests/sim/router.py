@@ -1,4 +1,4 @@
-"""Router double: `python -m sglang_router.launch_router` (sglang-router 0.3.2) for fake hosts.
+"""Router double of `python -m sglang_router.launch_router` (sglang-router 0.3.2), for router faults.
 
 Owns the PD router stand-in that the fake hosts' router unit starts. It parses the real flag
 names (`--pd-disaggregation`, `--prefill URL [BOOTSTRAP_PORT]` (repeatable), `--decode URL`,
@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(control.runs_log_path(env_dir), "a") as fh:
             fh.write(json.dumps({"pid": os.getpid(), "time": time.time(), "argv": argv,
-                                 "mode": "router", "port": args.port, "switches": switches,
-                                 "unknown_args": unknown}) + "\n")
+                                 "mode": "router", "impl": "double", "port": args.port,
+                                 "switches": switches, "unknown_args": unknown}) + "\n")
     except OSError as exc:
         sys.stderr.write(f"sglang_router (simulator): warning: cannot record run: {exc}\n")
     start_crash_timer(switches["crash_after_s"], switches["crash_exit_code"], "sglang_router")
