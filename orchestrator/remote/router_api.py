@@ -94,15 +94,19 @@ class RouterApi:
     """The worker API of one router, reached through ``http`` on ``port``."""
 
     def __init__(self, http: Http, port: int, *, name: str = "router", timeout_s: float = 10.0,
-                 sleep: Callable[[float], None] = time.sleep,
+                 api_key: str | None = None, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``api_key``: the router's ``--api-key`` when it has one — 0.3.2 then refuses its
+        worker API (401) and generation routes to a client without it (seen on the binary)."""
         self.http, self.port, self.name, self.timeout_s = http, port, name, timeout_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.sleep, self.clock = sleep, clock
 
     # -- requests ----------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         try:
-            resp = self.http(method, self.port, path, body=body, timeout=self.timeout_s)
+            extra = {"headers": self.headers} if self.headers else {}
+            resp = self.http(method, self.port, path, body=body, timeout=self.timeout_s, **extra)
         except (OSError, TimeoutError) as exc:
             raise RouterApiError(f"{self.name} (port {self.port}): {method} {path} got no answer: "
                                  f"{exc}", fix="check that the router unit runs and listens on "
@@ -115,6 +119,10 @@ class RouterApi:
 
     def workers(self) -> list[RouterWorker]:
         status, data = self._call("GET", "/workers")
+        if status == 401:
+            raise RouterApiError(f"{self.name}: GET /workers answered 401 (the router has an "
+                                 "--api-key)", fix="pass the router's key (the deployment's "
+                                 "DSV4_SECRET_API_KEY)")
         if status != 200 or not isinstance(data, dict) or not isinstance(data.get("workers"),
                                                                            list):
             raise RouterApiError(f"{self.name}: GET /workers answered {status} {data!r:.200}",

@@ -132,19 +132,29 @@ class Env:
     def starts(self, mode: str) -> int:
         return sum(1 for r in self.fake.sim_runs() if r.get("mode") == mode)
 
-    def serves(self) -> bool:
-        """A real generation through the router, from outside the host."""
+    def serves(self, api_key: str | None = None) -> bool:
+        """A real generation through the router, from outside the host (with the deployment's
+        API key when it has one: sglang-router 0.3.2's --api-key guards its own routes too)."""
+        return self.generate_status(api_key) == 200
+
+    def generate_status(self, api_key: str | None = None) -> int | None:
+        import urllib.error
         import urllib.request
 
         body = json.dumps({"model": "deepseek-v4-flash", "max_tokens": 8,
                            "messages": [{"role": "user", "content": "say ready"}]}).encode()
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         req = urllib.request.Request(self.fake.url(8000, "/v1/chat/completions"), data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status == 200 and bool(json.loads(resp.read())["choices"])
+                return resp.status if json.loads(resp.read())["choices"] else None
+        except urllib.error.HTTPError as exc:
+            return exc.code
         except OSError:
-            return False
+            return None
 
     def assert_recovered(self, expect_current: str) -> None:
         """The post-failure invariant: the expected healthy release serves, the lock is free."""

@@ -28,7 +28,10 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(
     profile = env.profile(secrets={"HF_TOKEN": {"env": "ITEST_HF"},
                                    "DSV4_SECRET_API_KEY": {"env": "ITEST_API"}})
     assert env.apply(profile) == 0
-    assert env.serves()
+    assert env.serves(api_key=API)
+    # sglang-router 0.3.2's --api-key (the engines' key, rendered for it) guards the router's own
+    # generation and worker routes as well: a client without it is refused there
+    assert env.generate_status() == 401
     secret_file = f"{ROOT}/secrets/itest.env"
     assert env.fake.exec(f"stat -c %a {secret_file}").stdout.strip() == "600"
     # delivered: the engines and the router parsed the flags (the simulator records its argv)

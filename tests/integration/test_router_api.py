@@ -41,13 +41,13 @@ class Resp:
 
 
 def local_http(method: str, port: int, path: str, *, body: Any = None,
-               timeout: float = 10.0) -> Resp:
+               timeout: float = 10.0, headers: dict[str, str] | None = None) -> Resp:
     """What RemoteHost.http does through SSH, over a local socket."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=data,
-                     headers={"Content-Type": "application/json"} if data else {})
+        conn.request(method, path, body=data, headers={
+            **(headers or {}), **({"Content-Type": "application/json"} if data else {})})
         resp = conn.getresponse()
         return Resp(resp.status, resp.read())
     finally:
@@ -173,3 +173,14 @@ def test_errors_name_the_router_and_the_fix(sims: Sims) -> None:
         api.workers()  # an engine is not a router
     with pytest.raises(RouterApiError, match="worker_type 'mixed'"):
         api.add("http://127.0.0.1:1", worker_type="mixed")
+
+
+def test_router_with_an_api_key_needs_it_for_its_worker_api(sims: Sims) -> None:
+    engine = sims.engine()
+    router = sims.router(workers=(engine,), extra=("--api-key", "sk-router-test"))
+    with pytest.raises(RouterApiError, match="401"):
+        RouterApi(local_http, port_of(router)).workers()
+    api = RouterApi(local_http, port_of(router), api_key="sk-router-test")
+    assert [w.url for w in api.workers()] == [engine]
+    api.remove(engine)
+    assert api.add(engine).is_healthy

@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prefill", nargs="+", action="append", default=[], metavar=("URL", "BOOTSTRAP_PORT"))
     a("--decode", nargs="+", action="append", default=[], metavar="URL")
     a("--worker-urls", nargs="*", default=[])
-    a("--api-key")  # 0.3.2's key for the workers; set from the secrets file (never logged here)
+    # 0.3.2's --api-key: clients must present it on every route but the public ones (seen on the
+    # real binary: 401 on /v1/chat/completions and /workers without it), and it goes to the workers
+    a("--api-key")
     a("--host", default="0.0.0.0")
     a("--port", type=int, default=30000)
     a("--prometheus-host", default="0.0.0.0")
@@ -154,8 +156,20 @@ class Router:
             return False
 
 
+# sgl-router/src/server.rs public_routes: reachable without the router's --api-key
+PUBLIC = ("/liveness", "/readiness", "/health", "/health_generate", "/v1/models",
+          "/get_model_info", "/get_server_info")
+
+
 class RouterHandler(Handler):
     router: Router
+
+    def _authorized(self, path: str) -> bool:
+        key = self.router.args.api_key
+        if not key or path in PUBLIC or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self.send_bytes(401, b"", "text/plain")
+        return False
 
     def _bump(self, route: str) -> None:
         with self.router.lock:
@@ -165,6 +179,8 @@ class RouterHandler(Handler):
         r = self.router
         path = self.path.split("?", 1)[0]
         self._bump(path)
+        if not self._authorized(path):
+            return
         healthy = sum(1 for w in r.workers if w.healthy)
         if path in ("/liveness", "/health"):
             self.send_text(200, "OK")
@@ -194,6 +210,8 @@ class RouterHandler(Handler):
         r = self.router
         path = self.path.split("?", 1)[0]
         self._bump(path)
+        if not self._authorized(path):
+            return
         body = self.read_json()
         if body is None:
             return
