@@ -6,7 +6,7 @@ scheduler's startup log line and ``/server_info``), the host-side calibration fi
 and model variant, or a reset), and picking the measurement that applies to a role being planned.
 
 Why a host-side file read back as a fact: a plan must depend only on the profile and the facts
-(byte-identical plans). A measurement is a fact about the host, like its free disk: ``plan --host``
+(byte-identical plans). A measurement is a fact about the host, like its free disk: ``plan --live``
 and ``apply`` probe it with the other facts (``remote.probes``), it enters the facts' fingerprint
 (so a saved plan made before a new measurement is refused as stale), and a plan from declared facts
 (no host) is uncalibrated and says nothing about it.
@@ -139,11 +139,11 @@ def parse_file(text: str, *, where: str) -> list[PoolMeasurement]:
         doc = CalibrationFile.model_validate_json(text)
     except ValidationError as exc:
         raise DsvError(f"{where} is not a dsv4ctl calibration file: {exc.errors()[0]['msg']}",
-                       fix=f"reset it with `dsv4ctl calibrate HOST --reset` (removes {where})"
+                       fix=f"reset it with `dsv4ctl calibrate --host HOST --reset` (removes {where})"
                        ) from None
     if doc.format != CALIBRATION_FORMAT:
         raise DsvError(f"{where} has format {doc.format}, this dsv4ctl reads {CALIBRATION_FORMAT}",
-                       fix="reset it with `dsv4ctl calibrate HOST --reset`")
+                       fix="reset it with `dsv4ctl calibrate --host HOST --reset`")
     return merge([], doc.measurements)
 
 

@@ -50,7 +50,7 @@ class PoolMeasurement(_Frozen):
     """What an engine really allocated for one role on this host (issue 22: calibration).
 
     Written by ``dsv4ctl apply`` after a healthy start (from ``/server_info`` and the scheduler's
-    startup log line) or by ``dsv4ctl calibrate HOST --from-log FILE``; kept on the host in
+    startup log line) or by ``dsv4ctl calibrate --host HOST --from-log FILE``; kept on the host in
     ``<install_root>/calibration.json`` and read back as a fact, so a plan depends only on the
     profile and the facts. ``model_tokens`` is what the planner's uncalibrated model predicted for
     the configuration that was measured, ``bytes_per_token`` its bytes per full-context token: their

@@ -41,7 +41,7 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
     if (dep.install_root, dep.scope) != (host.install_root, host.scope):
         raise DsvError(f"the plan targets {dep.install_root} (scope {dep.scope}) but the inventory "
                        f"now says {host.install_root} (scope {host.scope}) for host '{host_name}'",
-                       fix=f"re-plan: dsv4ctl plan --host {host_name} -o PLAN.json")
+                       fix=f"re-plan: dsv4ctl plan --host {host_name} --live -o PLAN.json")
     profile = profile_from_plan(plan)
     if saved:
         check_rederived(plan, profile, host_name, host)
@@ -68,7 +68,7 @@ def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> Non
     from orchestrator.planner.build import PlanContext, resolve_deployment
     from orchestrator.render import render_release
 
-    fix = f"re-plan: dsv4ctl plan --host {host_name} -o PLAN.json (never edit a saved plan)"
+    fix = f"re-plan: dsv4ctl plan --host {host_name} --live -o PLAN.json (never edit a saved plan)"
     try:
         dep = resolve_deployment(PlanContext(profile, None, "", host_name, host, None))
         tree = render_release(profile, dep)
@@ -358,7 +358,7 @@ def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:
         return []
     return [f"{role}: the engine's KV pool is {live:,} tokens per rank, the plan predicted "
             f"{planned.predicted_tokens:,} ({d:+.1%}, threshold {POOL_DRIFT_THRESHOLD:.0%}); "
-            "`dsv4ctl plan --host` now calibrates from the measurement"]
+            "`dsv4ctl plan --live` now calibrates from the measurement"]
 
 
 def _authed_http(remote: Any, store: Any, dep: Any) -> Any:

@@ -4,7 +4,7 @@ Owns the host side of calibration (issue 22): after a healthy start, read each r
 the engine itself (``/server_info``'s ``max_total_num_tokens``, and the scheduler's startup line in
 the role's log for ``available_gpu_mem``), store it with the release record (predicted and measured
 side by side, for ``history`` and the metrics) and in the host's ``calibration.json``, which
-``plan --host`` reads back as a fact (``remote.probes.probe_calibration``). The pure parts live in
+``plan --live`` reads back as a fact (``remote.probes.probe_calibration``). The pure parts live in
 :mod:`orchestrator.calibration`.
 
 A measurement that cannot be taken never fails an apply: the engine serves, so the step records
@@ -124,7 +124,7 @@ def measure_pool(ctx: Any, step: Any) -> Any:
 
 def calibrate_from_log(profile_path: Any, inventory: Any, host_name: str, log_text: str, *,
                        where: str, role: str | None, now: str) -> tuple[PoolMeasurement, str]:
-    """``dsv4ctl calibrate HOST --from-log FILE``: a measurement from an engine's log, fed by hand
+    """``dsv4ctl calibrate --host HOST --from-log FILE``: a measurement from an engine's log, fed by hand
     for a host set up without dsv4ctl. The profile says which configuration the engine ran (the
     model's prediction for it is stored beside the measurement); the result is merged into the
     host's calibration.json. Returns the measurement and a line saying what it did."""
@@ -157,7 +157,7 @@ def calibrate_from_log(profile_path: Any, inventory: Any, host_name: str, log_te
     d = C.drift(m.measured_tokens, m.model_tokens)
     return m, (f"host {ctx.host_name}, role {role}: measured {m.measured_tokens:,} tokens per rank "
                f"(available_gpu_mem {line.available_gpu_mem_gib:.2f} GB), the model predicts "
-               f"{m.model_tokens:,} ({d:+.1%}); `dsv4ctl plan --host {ctx.host_name}` now "
+               f"{m.model_tokens:,} ({d:+.1%}); `dsv4ctl plan --host {ctx.host_name} --live` now "
                f"calibrates with {m.unexplained_bytes / 2**30:+.2f} GiB per rank")
 
 

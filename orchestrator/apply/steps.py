@@ -158,7 +158,7 @@ def profile_from_plan(plan: Plan) -> Profile:
         if f.path == "profile.yaml" and f.content is not None:
             return load_text(Profile, f.content, "plan:profile.yaml")
     raise StalePlan("the plan carries no profile.yaml (plan saved without file contents?)",
-                    fix="re-create it with `dsv4ctl plan --host NAME -o plan.json`")
+                    fix="re-create it with `dsv4ctl plan --host NAME --live -o plan.json`")
 
 
 MAX_SECRET_BYTES = 64 * 1024
@@ -244,7 +244,8 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
 
     if plan.facts_source != "probed":
         return ("the plan was made from the inventory's declared facts, not from the live host; "
-                "apply needs a plan made against the host")
+                "apply needs a plan made against the host "
+                "(`dsv4ctl plan PROFILE --live -o plan.json`)")
     if plan.current_release != facts.current_release:
         return (f"the host's current release is {facts.current_release or 'none'}, the plan was "
                 f"made against {plan.current_release or 'none'}")
@@ -283,7 +284,7 @@ def _refuse_if_applied(ctx: Context, plan: Plan,
     done = [r for r in records if r.plan_id == pid]
     if done:
         raise StalePlan(f"this plan was already applied as release {done[-1].id} "
-                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
 
 
 def ensure_service_user(ctx: Context) -> str:
@@ -327,7 +328,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                 # the host's facts moved, but this very plan was applied already: say that
                 _refuse_if_applied(ctx, plan)
             raise StalePlan(f"saved plan is stale: {why}",
-                            fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} -o PLAN.json")
+                            fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live -o PLAN.json")
     ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
     ctx.lock.acquire()
     ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
@@ -338,7 +339,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     if current != plan.current_release:  # changed between planning/probing and the lock
         raise StalePlan(f"the host's current release is {current or 'none'}, the plan was made "
                         f"against {plan.current_release or 'none'}",
-                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
     ctx.records = ctx.store.read_records()
     if ctx.saved_plan:
         _refuse_if_applied(ctx, plan, ctx.records)
@@ -353,7 +354,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
         raise StalePlan("the host changed since planning: the plan says "
                         f"{summarize_actions(plan.actions)!r}, the host now needs "
                         f"{summarize_actions(ctx.actions)!r}",
-                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name}")
+                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
     if not ctx.actions:
         return Outcome(finish="No changes.", detail="release files identical, all units running")
     note = f"{service_user_note}; " if service_user_note else ""

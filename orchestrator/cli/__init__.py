@@ -48,6 +48,17 @@ def cli() -> None:
       dsv4ctl diff --git HEAD profiles/x.yaml   review a profile change
       dsv4ctl apply profiles/x.yaml        roll it out with health checks
       dsv4ctl rollback                     return to the last healthy release
+
+    \b
+    The same flag means the same thing on every command:
+      -p, --profile FILE    the profile; where it is the command's subject (validate, plan,
+                            render, apply) it may be the operand instead: `plan x.yaml` is
+                            `plan -p x.yaml` (both, differing: a usage error). diff compares
+                            two: OLD NEW, or --git REV PROFILE.
+      --host NAME           the inventory host (or fleet member) to act on; it never probes:
+                            `plan --live` plans against live facts.
+      -i, --inventory FILE  the inventory file.
+      --format FMT          the output format (of those the command has).
     """
 
 

@@ -16,16 +16,12 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.options import verbose_option
+from orchestrator.cli.options import host_option, inventory_option, profile_option, verbose_option
 from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
 from orchestrator.errors import DsvError, ExitCode
 
-_inventory_opt = click.option(
-    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    envvar="DSV4CTL_INVENTORY", show_envvar=True,
-    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
-_host_opt = click.option("--host", "host_name", metavar="NAME", default=None,
-                         help="Inventory host (default: the profile's host).")
+_inventory_opt = inventory_option()
+_host_opt = host_option()
 
 
 def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,16 +66,17 @@ def _command_line() -> str:
 
 def resolve_host(profile_path: Path | None, inventory: Path | None, host_name: str | None
                  ) -> tuple[str, Any]:
-    """(host name, Host) from --host / the profile's host, found the way `plan` finds it
-    (orchestrator.planner.build: the inventory beside the profile, then ./inventory.yaml)."""
+    """(host name, Host) from --host / the profile's host (default: the bundled profile's), found
+    the way `plan` finds it (orchestrator.planner.build: the inventory beside the profile, then
+    ./inventory.yaml)."""
     from orchestrator.planner.build import inventory_path_for, load_context, lookup_host
     from orchestrator.profile import load_inventory
 
-    if profile_path is not None and host_name is None:
-        ctx = load_context(profile_path, inventory)
+    if host_name is None:  # the profile's host; no profile: the bundled one's, as `apply` does
+        from orchestrator.paths import default_profile
+
+        ctx = load_context(profile_path or default_profile(), inventory)
         return ctx.host_name, ctx.host
-    if host_name is None:
-        raise DsvError("which host?", fix="pass a PROFILE or --host NAME")
     inv_path = inventory_path_for(profile_path, inventory)
     return lookup_host(host_name, load_inventory(inv_path) if inv_path else None, inv_path)
 
@@ -131,6 +128,7 @@ def _print_result(res: Any) -> None:
 
 @click.command()
 @click.argument("source", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@profile_option(operand="source")
 @_inventory_opt
 @_host_opt
 @click.option("-y", "--yes", is_flag=True,
@@ -142,8 +140,8 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
 
     \b
-    SOURCE is a profile (planned now, against the live host) or a plan saved with
-    `dsv4ctl plan --host NAME -o plan.json` (refused if the host changed since, or if it was
+    SOURCE (or -p FILE) is a profile (planned now, against the live host) or a plan saved with
+    `dsv4ctl plan PROFILE --live -o plan.json` (refused if the host changed since, or if it was
     already applied). Steps (playbooks/apply.yaml): preflight (facts, stale check, host lock),
     upload release, kernels, stop changed roles, switch current, units, start, wait healthy,
     smoke generation, qualification, record. A failure after the switch restores the last
@@ -186,8 +184,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
 
 @click.command()
 @click.argument("release", required=False)
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Profile whose host to use (instead of --host).")
+@profile_option()
 @_inventory_opt
 @_host_opt
 @accept_new_host_key_opt
@@ -217,8 +214,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 
 
 @click.command()
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Profile whose host to use (instead of --host).")
+@profile_option()
 @_inventory_opt
 @_host_opt
 @format_option(("text", "json"))
@@ -264,8 +260,7 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
 
 
 @click.command()
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Profile whose host to use (instead of --host).")
+@profile_option()
 @_inventory_opt
 @_host_opt
 @format_option(("text", "json", "prometheus"),
@@ -319,8 +314,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 
 
 @click.command()
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Profile whose host to use (instead of --host).")
+@profile_option()
 @_inventory_opt
 @_host_opt
 @click.option("--force", is_flag=True, help="End the holder's lock process (after showing it).")

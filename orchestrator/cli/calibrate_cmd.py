@@ -12,34 +12,40 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.apply_cmd import _echo, _inventory_opt, accept_new_host_key_opt, resolve_host
-from orchestrator.cli.options import verbose_option
+from orchestrator.cli.options import (
+    deprecated_host_operand,
+    host_option,
+    profile_option,
+    verbose_option,
+)
 from orchestrator.errors import DsvError
 
 
 @click.command()
-@click.argument("host_name", metavar="HOST")
+@deprecated_host_operand("calibrate")
+@host_option()
 @click.option("--from-log", "log_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="An SGLang 0.5.23 engine log with the scheduler's startup line "
               "('max_total_num_tokens=..., available_gpu_mem=... GB'); the last one counts.")
 @click.option("--role", type=click.Choice(["engine", "prefill", "decode"]), default=None,
               help="The role that wrote the log (needed when the profile has two).")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="The profile the engine ran (default: the bundled default).")
+@profile_option()
 @_inventory_opt
 @click.option("--reset", is_flag=True,
               help="Remove the host's calibration (<install_root>/calibration.json): plans then "
                    "use the model alone until the next apply measures again.")
 @accept_new_host_key_opt
 @verbose_option()
-def calibrate(host_name: str, log_file: Path | None, role: str | None, profile_path: Path | None,
-              inventory: Path | None, reset: bool) -> int:
-    """Store what HOST's engine really allocated, so `plan --host HOST` predicts from it.
+def calibrate(host_name: str | None, log_file: Path | None, role: str | None,
+              profile_path: Path | None, inventory: Path | None, reset: bool) -> int:
+    """Store what a host's engine really allocated, so `plan --live` predicts from it.
 
     \b
-    The measurement (the scheduler's startup line: max_total_num_tokens per rank) is kept on the
-    host in <install_root>/calibration.json beside the model's prediction for the profile's
-    configuration; `plan --host HOST` reads it as a fact and shows the difference as a
-    per-host, per-engine-version calibration term. `apply` records one after every start.
+    The host is --host NAME (default: the profile's host, the profile being the one the engine
+    ran). The measurement (the scheduler's startup line: max_total_num_tokens per rank) is kept on
+    the host in <install_root>/calibration.json beside the model's prediction for the profile's
+    configuration; `plan --live` reads it as a fact and shows the difference as a per-host,
+    per-engine-version calibration term. `apply` records one after every start.
     """
     from datetime import UTC, datetime
 

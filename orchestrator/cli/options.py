@@ -1,12 +1,17 @@
-"""Options and output plumbing shared by every dsv4ctl command: verbosity (where library logs go).
+"""Options shared by every dsv4ctl command: verbosity (where library logs go), and the one spelling
+and help text of -p/--profile, --host and --inventory.
 
 One place so a flag is spelled and behaves the same on every command.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -63,3 +68,86 @@ class TokenCount(click.ParamType):
             self.fail(f"{value} is not a token count in {self.lo:,}..{self.hi:,}", param, ctx)
         return n
 
+
+
+# One spelling and one help text per shared flag (tests/unit/test_cli_flags.py compares them):
+# `-p/--profile FILE` names the profile on every command that reads one; `--host NAME` is always the
+# inventory host (or fleet member) the command acts on, never "probe it" (that is `plan --live`).
+PROFILE_HELP = "Profile file (YAML). Default: the bundled profiles/default.yaml."
+HOST_HELP = ("Inventory host (or member of the profile's fleet) to act on. Default: the profile's "
+             "host; a fleet profile: see the command's help.")
+INVENTORY_HELP = "Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml."
+
+
+def inventory_option() -> Any:
+    return click.option("--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path),
+                        default=None, envvar="DSV4CTL_INVENTORY", show_envvar=True,
+                        help=INVENTORY_HELP)
+
+
+def host_option() -> Any:
+    return click.option("--host", "host_name", metavar="NAME", default=None, help=HOST_HELP)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
+def profile_option(operand: str | None = None) -> Any:
+    """``-p/--profile FILE``. Where the profile is the command's subject (``operand`` names the
+    PROFILE/SOURCE argument) it may be given either way, and the command sees one value; given both
+    ways and different, it is a usage error rather than a silent pick. Elsewhere the option alone
+    names it, as ``profile_path``."""
+    opt = click.option("-p", "--profile", "profile_opt" if operand else "profile_path",
+                       type=click.Path(dir_okay=False, path_type=Path), default=None,
+                       metavar="FILE", help=PROFILE_HELP)
+    if operand is None:
+        return opt
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, profile_opt: Path | None, **kwargs: Any) -> Any:
+            given = kwargs.get(operand)
+            if given is not None and profile_opt is not None and not _same_path(given, profile_opt):
+                raise click.UsageError(
+                    f"the profile is given twice and differs: {operand.upper()} '{given}' and "
+                    f"--profile '{profile_opt}'; give it once (either spelling)")
+            kwargs[operand] = given if given is not None else profile_opt
+            return fn(*args, **kwargs)
+
+        return opt(wrapper)
+
+    return decorate
+
+
+class _HiddenArgument(click.Argument):
+    """An operand kept for old command lines only: absent from usage and help."""
+
+    def get_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return []
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        return None
+
+
+def deprecated_host_operand(command: str) -> Any:
+    """The old ``dsv4ctl COMMAND HOST`` spelling: hidden, deprecated, the same as ``--host HOST``
+    (a usage error when both are given and differ)."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, old_host: str | None, **kwargs: Any) -> Any:
+            if old_host is not None:
+                click.echo(f"warning: `dsv4ctl {command} HOST` is deprecated; use "
+                           f"`dsv4ctl {command} --host HOST`", err=True)
+                host = kwargs.get("host_name")
+                if host is not None and host != old_host:
+                    raise click.UsageError(f"the host is given twice and differs: HOST "
+                                           f"'{old_host}' and --host '{host}'; give --host once")
+                kwargs["host_name"] = old_host
+            return fn(*args, **kwargs)
+
+        return click.argument("old_host", required=False, metavar="HOST",
+                              cls=_HiddenArgument)(wrapper)
+
+    return decorate

@@ -118,10 +118,14 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
     console.file.flush()
 
 
+FORMAT_HELP = "Output format."  # every command's --format help starts so (test_cli_flags.py)
+
+
 def format_option(choices: tuple[str, ...] = ("text", "json", "markdown"), default: str = "text",
                   help_text: str | None = None) -> Any:
-    """``--format`` spelled the same on every command; the choice is remembered for the error
-    boundary (a failed ``--format json`` run answers in JSON on stdout)."""
+    """``--format`` spelled the same on every command, its help ``FORMAT_HELP`` and then what is
+    particular to the command's formats; the choice is remembered for the error boundary (a failed
+    ``--format json`` run answers in JSON on stdout)."""
 
     def remember(ctx: click.Context, param: click.Parameter, value: str) -> str:
         FORMAT.set(value)
@@ -129,7 +133,7 @@ def format_option(choices: tuple[str, ...] = ("text", "json", "markdown"), defau
 
     return click.option("--format", "fmt", type=click.Choice(list(choices)), default=default,
                         show_default=True, callback=remember, is_eager=True,
-                        help=help_text or "Output format.")
+                        help=FORMAT_HELP + (f" {help_text}" if help_text else ""))
 
 
 def json_alias_option() -> Any:

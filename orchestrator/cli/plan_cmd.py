@@ -1,7 +1,7 @@
 """`dsv4ctl validate`, `schema`, `plan` and `catalog`: the read-only commands.
 
-None of them touches a host unless ``plan --host`` asks for live facts; none imports torch, triton or
-fabric (``plan --host`` imports the remote layer only when it is used).
+None of them touches a host unless ``plan --live`` asks for live facts; none imports torch, triton or
+fabric (``plan --live`` imports the remote layer only when it is used).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.apply_cmd import accept_new_host_key_opt
+from orchestrator.cli.options import host_option, inventory_option, profile_option
 from orchestrator.cli.output import echo, format_option, table
 from orchestrator.errors import ExitCode
 
@@ -23,14 +24,12 @@ def _profile_arg(required: bool = False) -> Callable[[Any], Any]:
                           type=click.Path(dir_okay=False, path_type=Path))
 
 
-_inventory_opt = click.option(
-    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    envvar="DSV4CTL_INVENTORY", show_envvar=True,
-    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
+_inventory_opt = inventory_option()
 
 
 @click.command()
 @_profile_arg(required=False)
+@profile_option(operand="profile")
 @_inventory_opt
 @click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
 @format_option(("text", "json"))
@@ -88,13 +87,13 @@ def schema(inventory_schema: bool) -> int:
 
 @click.command()
 @_profile_arg(required=False)
+@profile_option(operand="profile")
 @_inventory_opt
-@click.option("--host", "live_host", metavar="NAME", default=None,
-              help="Probe this inventory host (or every member of this group) over SSH and plan "
-                   "against its live facts.")
+@host_option()
 @click.option("--live", is_flag=True,
-              help="Probe every host of the profile's fleet over SSH, in parallel, and plan "
-                   "against their live facts.")
+              help="Probe the host over SSH and plan against its live facts (a fleet: every host, "
+                   "in parallel; with --host, only that host or group). Default: the inventory's "
+                   "declared facts.")
 @format_option(help_text="json is versioned (field 'format'); markdown suits PR comments.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Save the plan (with file contents) for `dsv4ctl apply PLAN.json`.")
@@ -105,17 +104,18 @@ def schema(inventory_schema: bool) -> int:
               help="Also show the arithmetic per role: every term of a GPU's memory (adding up to "
                    "its capacity), the KV pool's bytes per token term by term, page rounding.")
 @accept_new_host_key_opt
-def plan(profile: Path | None, inventory: Path | None, live_host: str | None, live: bool,
+def plan(profile: Path | None, inventory: Path | None, host_name: str | None, live: bool,
          fmt: str, out: Path | None, detailed_exitcode: bool, verbose: bool,
          explain: bool) -> int:
     """Prove a profile fits its host (or every host of its fleet) and show what applying it would
     change.
 
     PROFILE defaults to the embedded profiles/default.yaml and its inventory's declared host, so it
-    works with no host reachable. The plan shows weights, KV pool and headroom per GPU, the checkpoint
-    against free disk, every check (errors block apply; warnings can be acknowledged in the profile by
-    id), and the files and restarts an apply would make. A fleet (`hosts:` in the profile) is planned
-    host by host with each host's own facts, with a summary of the hosts first.
+    works with no host reachable; --live probes the host over SSH instead. The plan shows weights,
+    KV pool and headroom per GPU, the checkpoint against free disk, every check (errors block apply;
+    warnings can be acknowledged in the profile by id), and the files and restarts an apply would
+    make. A fleet (`hosts:` in the profile) is planned host by host with each host's own facts, with
+    a summary of the hosts first; there --host NAME (a member or a group) is the part --live probes.
     """
     from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
     from orchestrator.planner.fleet_report import (
@@ -124,9 +124,13 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, li
         render_fleet_text,
     )
 
-    fctx = load_fleet(profile, inventory, host_override=live_host)
+    fctx = load_fleet(profile, inventory, host_override=host_name)
     facts = None
-    if live_host is not None or live:
+    if host_name is not None and not live and fmt == "text":
+        # `plan --host NAME` probed before --host meant the same on every command: say what it does
+        echo(f"note: --host {host_name} planned against declared facts; add --live to probe it "
+             "over SSH", err=True)
+    if live:
         from orchestrator.cli.options import route_library_logs
 
         route_library_logs(verbose)
@@ -134,7 +138,7 @@ def plan(profile: Path | None, inventory: Path | None, live_host: str | None, li
 
         paths = [fctx.profile.model.path]
         facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths),
-                            only=() if live else fctx.focus)
+                            only=fctx.focus)
     result = plan_fleet(fctx, facts)
     if out is not None:
         from orchestrator.planner.build import save_plan

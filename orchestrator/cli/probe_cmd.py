@@ -216,9 +216,10 @@ def load_cmd(url: str, model: str | None, api_key: str | None, timeout: float,
 
 @probe.command("chat")
 @_with_common
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Take the expected sampling defaults (and --model) from this "
-                                 "profile.")
+@click.option("-p", "--profile", "profile_path", metavar="FILE",
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Profile file (YAML) to take the expected sampling defaults (and --model) "
+                   "from. Default: none (the defaults below).")
 @click.option("--temperature", "expect_temperature", default=None, type=float,
               help="Expected default temperature. Default: the profile's, else 1.0.")
 @click.option("--top-p", "expect_top_p", default=None, type=float,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator.cli.options import host_option, inventory_option, profile_option
 from orchestrator.cli.output import echo, format_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
@@ -66,20 +67,13 @@ def _read(path: Path) -> str:
     return read_file(path)
 
 
-_inventory_opt = click.option(
-    "--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    envvar="DSV4CTL_INVENTORY", show_envvar=True,
-    help="Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml.")
-
-
-_host_opt = click.option(
-    "--host", "host_name", metavar="NAME", default=None,
-    help="Fleet profiles: the host whose release to show (render default: every host; diff "
-         "default: the fleet's first host).")
+_inventory_opt = inventory_option()
+_host_opt = host_option()
 
 
 @click.command()
 @click.argument("profile", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@profile_option(operand="profile")
 @_inventory_opt
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Write the release tree into this directory.")
@@ -230,7 +224,9 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
 
     Shows which fields changed, which roles restart (an engine restart reloads the model: minutes of
     downtime), how weights, KV pool and KV capacity per GPU move and which checks appear or clear
-    (from the two plans), then unified diffs of the rendered files.
+    (from the two plans), then unified diffs of the rendered files. The operands are the two
+    profiles (there is no -p: diff compares two). A fleet profile is compared on the host --host
+    names (default: the fleet's first host).
     """
     from orchestrator.planner.transition import between, outage, release_from_planned
     from orchestrator.render.diff import format_json, format_markdown, format_text, review

@@ -263,7 +263,7 @@ def load_plan(path: Path) -> Plan:
             "kind", f"a fleet's plan ({', '.join(map(str, data.get('hosts') or []))}), not one "
             "host's", file=str(path), value="'fleet'",
             fix="apply the fleet from its profile, or save one host's plan with "
-                "`dsv4ctl plan PROFILE --host NAME -o plan.json`")])
+                "`dsv4ctl plan PROFILE --host NAME --live -o plan.json`")])
     if not isinstance(data, dict) or data.get("format") != Plan.model_fields["format"].default:
         raise InputError(kind=str(path), problems=[Problem(
             "format", "not a saved plan of this dsv4ctl version", file=str(path),
@@ -275,9 +275,9 @@ def load_plan(path: Path) -> Plan:
         first = exc.errors()[0]
         raise InputError(kind=str(path), problems=[Problem(
             ".".join(str(x) for x in first["loc"]), f"not a saved plan: {first['msg']}",
-            file=str(path), fix="create it with `dsv4ctl plan --host NAME -o plan.json`")]) from None
+            file=str(path), fix="create it with `dsv4ctl plan PROFILE --live -o plan.json`")]) from None
     if any(f.content is None for f in plan.files):
         raise InputError(kind=str(path), problems=[Problem(
             "files", "the plan holds no file contents (a `--format json` print, not a saved plan)",
-            file=str(path), fix="save plans with `dsv4ctl plan --host NAME -o plan.json`")])
+            file=str(path), fix="save plans with `dsv4ctl plan PROFILE --live -o plan.json`")])
     return plan

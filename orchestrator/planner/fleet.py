@@ -44,7 +44,7 @@ class FleetContext:
     hosts: tuple[tuple[str, Host], ...]  # the engine hosts, in rollout order
     router_host: tuple[str, Host] | None  # a host of the router's own (not an engine host)
     placement: Placement
-    focus: tuple[str, ...] = ()  # the hosts `--host NAME` asked for (probed live)
+    focus: tuple[str, ...] = ()  # the hosts `--host NAME` named (what `plan --live` probes)
 
     @property
     def all_hosts(self) -> tuple[tuple[str, Host], ...]:

@@ -164,7 +164,7 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
         lines.append("")
         if plan.facts_source == "declared":
             lines.append("  (declared facts: the host's current release is unknown, so changes are "
-                         "shown against an empty host; plan with --host NAME to compare with it)")
+                         "shown against an empty host; plan with --live to compare with it)")
         lines.append("")
     else:
         lines.append("No changes.")

@@ -94,7 +94,7 @@ class Env:
         return path
 
     def plan(self, profile: Profile, facts: Facts | None = None) -> Plan:
-        """The plan `dsv4ctl plan --host h -o` saves: the real planner over probed facts."""
+        """The plan `dsv4ctl plan --host h --live -o` saves: the real planner over probed facts."""
         facts = facts or self.facts()
         plan = plan_from_paths(self.profile_file(profile), self.inventory_path, facts=facts)
         assert not plan.errors, [c.message for c in plan.errors]
@@ -479,10 +479,11 @@ def test_ctrl_c_during_apply(env: Env) -> None:
 
 def test_explicit_rollback_history_status(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     r1 = first_release(env)
-    # the operator's flow: `dsv4ctl plan --host h -o plan.json`, review, `dsv4ctl apply plan.json`
+    # the operator's flow: `dsv4ctl plan --host h --live -o plan.json`, review,
+    # `dsv4ctl apply plan.json`
     saved = env.tmp / "cli-plan.json"
     prof = env.profile_file(decode_knob(env, 32), "p2.yaml")
-    assert env.cli("plan", str(prof), "--host", "h", "-o", str(saved)) == 0
+    assert env.cli("plan", str(prof), "--host", "h", "--live", "-o", str(saved)) == 0
     assert env.cli("apply", str(saved)) == 0
     r2 = env.current()
     assert r2 != r1

@@ -4,7 +4,7 @@ Real sshd + `systemd --user` + the engine simulator, told (control switch `pool_
 allocate 70% of the pool the release's plan predicts, as a real engine can. Apply measures it
 (`/server_info` and the scheduler's startup line in the role's log): the record and `history`
 show predicted and measured side by side, dsv4ctl's metrics carry both, `status` flags the
-drift, and the next `plan --host` predicts the measured pool within 1% and says it is
+drift, and the next `plan --live` predicts the measured pool within 1% and says it is
 calibrated. `calibrate --reset` returns the plan to the model alone; `calibrate --from-log` feeds
 a measurement by hand.
 """
@@ -72,7 +72,7 @@ def test_pool_30pct_below_is_recorded_flagged_and_calibrated(
 
     # the next plan for the host is calibrated: within 1% of the measured pool, and says so
     prof_file = env.profile_file(prof, "p.yaml")
-    assert env.cli("plan", str(prof_file), "--host", "h") == 0
+    assert env.cli("plan", str(prof_file), "--host", "h", "--live") == 0
     out = capsys.readouterr().out
     assert "prefill: calibrated from host h's measurement (sglang 0.5.23" in out
     assert "decode: calibrated from host h's measurement" in out
@@ -83,7 +83,7 @@ def test_pool_30pct_below_is_recorded_flagged_and_calibrated(
         assert c.calibrated is not None and f"release {rel}" in c.calibrated
 
     # reset: back to the model alone
-    assert env.cli("calibrate", "h", "--reset") == 0
+    assert env.cli("calibrate", "--host", "h", "--reset") == 0
     assert "calibration removed" in capsys.readouterr().out
     plan2 = env.plan(prof)
     assert {c.role: c.max_total_tokens_per_rank for c in plan2.capacity} == predicted
@@ -92,7 +92,7 @@ def test_pool_30pct_below_is_recorded_flagged_and_calibrated(
     # by hand, from an engine log (a host whose engine dsv4ctl did not start)
     log = env.tmp / "prefill.log"
     log.write_text(env.fake.read(f"{ROOT}/logs/prefill.log"))
-    assert env.cli("calibrate", "h", "--from-log", str(log), "--role", "prefill",
+    assert env.cli("calibrate", "--host", "h", "--from-log", str(log), "--role", "prefill",
                    "--profile", str(prof_file)) == 0
     out = capsys.readouterr().out
     assert f"measured {measured['prefill']:,} tokens per rank" in out and "(-30.0%)" in out

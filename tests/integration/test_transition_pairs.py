@@ -2,7 +2,7 @@
 
 For every ordered pair (A, B) of the shipped profiles, on one fake host (real sshd, real
 `systemd --user`, the engine simulator) that runs A: the units `dsv4ctl diff A B` says stop, start
-and restart are the ones `dsv4ctl plan B --host` says, and the ones an apply of that saved plan
+and restart are the ones `dsv4ctl plan B --host h --live` says, and the ones an apply of that saved plan
 really stops, starts and restarts, as the harness observes them: `systemctl --user show` before
 and after (ActiveState and InvocationID: a new invocation is a new process), cross-checked with the
 simulator's run log (one line per engine or router process started) and the release record's
@@ -133,8 +133,8 @@ def test_every_pair_of_shipped_profiles_diff_equals_plan_equals_apply(
         assert rc == 0, pair
         diff = json.loads(out)
         saved = env.tmp / f"plan-{a}-{b}.json"
-        rc, out = _run(capsys, env, "plan", str(paths[b]), "--host", "h", "--format", "json",
-                       "-o", str(saved))
+        rc, out = _run(capsys, env, "plan", str(paths[b]), "--host", "h", "--live", "--format",
+                       "json", "-o", str(saved))
         assert rc == 0, (pair, out)
         plan = json.loads(out)
         # diff and plan: the same actions, the same summary, in every format
@@ -143,7 +143,8 @@ def test_every_pair_of_shipped_profiles_diff_equals_plan_equals_apply(
         line = plan["summary"]["line"]
         assert diff["summary"]["line"] == line, pair
         for fmt in ("text", "markdown"):
-            rc, out = _run(capsys, env, "plan", str(paths[b]), "--host", "h", "--format", fmt)
+            rc, out = _run(capsys, env, "plan", str(paths[b]), "--host", "h", "--live",
+                           "--format", fmt)
             flat = " ".join(out.split())  # lines are folded at 100 columns in a pipe
             assert rc == 0 and line in flat, (pair, fmt, "plan", rc, out)
             rc, out = _run(capsys, env, "diff", str(paths[a]), str(paths[b]), "--format", fmt)
@@ -193,7 +194,7 @@ def test_monitoring_only_change_is_applied(penv: Env, capsys: pytest.CaptureFixt
     old = env.fake.read(f"{ROOT}/current/monitoring/prometheus.yml")
     changed = _write(env, "mon", shipped("default", scrape_interval_s=30))
     saved = env.tmp / "mon.json"
-    rc, out = _run(capsys, env, "plan", str(changed), "--host", "h", "--format", "json",
+    rc, out = _run(capsys, env, "plan", str(changed), "--host", "h", "--live", "--format", "json",
                    "-o", str(saved))
     assert rc == 0
     plan = json.loads(out)

@@ -89,7 +89,7 @@ def test_file_keeps_the_last_measurement_per_role_version_model() -> None:
     assert C.lookup(got, "decode", "0.5.23", "dsv4-flash-nvfp4") is None
     with pytest.raises(DsvError) as exc:
         C.parse_file('{"format": 1, "measurements": [{"role": 1}]}', where="c.json")
-    assert "calibrate HOST --reset" in exc.value.fix
+    assert "calibrate --host HOST --reset" in exc.value.fix
 
 
 def _plans(measured_factor: float) -> tuple[object, object]:

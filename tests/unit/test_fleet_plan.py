@@ -397,8 +397,8 @@ def test_plan_live_probes_every_host_and_host_probes_one(
     assert sorted(seen) == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
     assert {p["facts_source"] for p in data["plans"]} == {"probed"}
     seen.clear()
-    assert main(["plan", str(PROFILES / "fleet-3x.yaml"), "--host", "gpu-b", "--format",
-                 "json"]) == 0
+    assert main(["plan", str(PROFILES / "fleet-3x.yaml"), "--host", "gpu-b", "--live",
+                 "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert seen == ["gpu-b"]
     assert [p["facts_source"] for p in data["plans"]] == ["declared", "probed", "declared",
