@@ -29,7 +29,6 @@ from orchestrator.planner_model import Action, PlannedFile
 META_FILES = frozenset({"manifest.json", "plan.json", "record.json"})
 # Start order: engines before the router that fronts them (stop order is the reverse).
 ROLE_ORDER = ("prefill", "decode", "engine", "router")
-FILE_KINDS = ("create", "change", "remove")
 # systemd ActiveStates of a unit whose process exists or is about to (stop it before changing it)
 ALIVE = frozenset({"active", "activating", "reloading", "deactivating"})
 UNIT_KINDS = ("stop", "restart", "start")
