@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import shlex
-import subprocess
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator import kernels_package
 from orchestrator.apply.measure import measure_pool
 from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, RemoteError, StalePlan
@@ -411,37 +411,15 @@ def upload_release(ctx: Context, step: Any) -> Outcome:
 
 
 def kernels_source() -> Path:
-    from orchestrator.paths import _PACKAGE
-
-    for cand in (_PACKAGE / "_data" / "kernels", _PACKAGE.parent / "kernels"):
-        if (cand / "pyproject.toml").is_file():
-            return cand
-    raise StepFailed("the bundled kernels package (kernels/) is not part of this dsv4ctl install",
-                     fix="install dsv4ctl from a source checkout, or set kernels.enabled: false")
-
-
-# What a host gets of kernels/: the installable package, nothing else (no tests, tools,
-# experiments, notes or build outputs; issue 24).
-KERNELS_SHIPPED = ("pyproject.toml", "dsv4_kernels")
+    src = kernels_package.source()
+    if src is None:
+        raise StepFailed("the bundled kernels package (kernels/) is not part of this dsv4ctl "
+                         "install", fix="install dsv4ctl from a source checkout, or set "
+                                        "kernels.enabled: false")
+    return src
 
 
-def kernels_package_files(src: Path) -> list[str]:
-    """The files of the kernels package under ``src``, relative and sorted: ``pyproject.toml``
-    and ``dsv4_kernels/**/*.py``. In a source checkout only files git tracks count, so an
-    untracked ``build/``, scratch module or stray copy never ships; an installed dsv4ctl's
-    ``_data/kernels`` holds only what its wheel packed."""
-    cands = [src / "pyproject.toml", *sorted((src / "dsv4_kernels").rglob("*.py"))]
-    rels = [p.relative_to(src).as_posix() for p in cands
-            if p.is_file() and "__pycache__" not in p.parts]
-    try:
-        res = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--", *KERNELS_SHIPPED],
-                             capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return rels
-    tracked = set(res.stdout.split("\0"))
-    if res.returncode != 0 or not tracked & set(rels):
-        return sorted(rels)  # not in a checkout: an installed dsv4ctl (perhaps in a .venv)
-    return sorted(r for r in rels if r in tracked)
+kernels_package_files = kernels_package.package_files
 
 
 def install_kernels(ctx: Context, step: Any) -> Outcome:

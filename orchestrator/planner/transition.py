@@ -14,6 +14,8 @@ that must restart when the file changes (:mod:`orchestrator.render` decides thos
 ``units/<unit>`` of a role carries that role, so the manifest alone says which unit runs which role.
 Files that restart no role (``profile.yaml``, ``monitoring/prometheus.yml``) are still changes: a
 release that differs only in them is a new release (issue 20 item 5: "No changes." with 5 to change).
+A new kernels package changes ``kernels.json`` (:mod:`orchestrator.kernels_package`), read by every
+engine role, so it restarts the engines like any change of their files.
 """
 
 from __future__ import annotations

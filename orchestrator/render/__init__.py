@@ -403,6 +403,19 @@ def resolved_profile_yaml(profile: Profile, dep: Deployment) -> str:
                                  allow_unicode=True, width=100)
 
 
+def _kernels_file(dep: Deployment) -> RenderedFile | None:
+    """``kernels.json``: the digest of the kernels package apply installs, read by every engine
+    role (the hook loads them at start), so a kernel change restarts the engines like any change
+    of their files. None with kernels disabled (or no kernels package to ship)."""
+    from orchestrator import kernels_package
+
+    digest = kernels_package.digest() if dep.kernels_enabled and dep.roles else None
+    if digest is None:  # kernels off, no engine on this host (a fleet's router), no package
+        return None
+    text = json.dumps({"package": "dsv4-kernels", "sha256": digest}, indent=2, sort_keys=True)
+    return RenderedFile(text + "\n", MODE_FILE, tuple(r.name for r in dep.roles))
+
+
 def render_release(profile: Profile, deployment: Deployment, *,
                    extra_files: dict[str, str] | None = None) -> ReleaseTree:
     """Render the release tree of ``deployment`` (resolved from ``profile``)."""
@@ -420,6 +433,9 @@ def render_release(profile: Profile, deployment: Deployment, *,
     for rel, text in _monitoring_files(profile, deployment).items():
         files[rel] = RenderedFile(text if text.endswith("\n") else text + "\n", MODE_FILE, ())
     files["profile.yaml"] = RenderedFile(resolved_profile_yaml(profile, deployment), MODE_FILE, ())
+    kernels = _kernels_file(deployment)
+    if kernels is not None:
+        files["kernels.json"] = kernels
     for rel, text in sorted((extra_files or {}).items()):
         if rel in files or rel == "manifest.json" or rel.startswith("/") or ".." in rel.split("/"):
             raise RenderError(f"extra file {rel!r} would overwrite or escape the release tree")

@@ -33,7 +33,7 @@ def test_render_writes_tree_modes_and_manifest(tmp_path: Path) -> None:
     rc, stdout, err = _invoke("render", str(PROFILES / "default.yaml"), "-o", str(out))
     assert rc == 0, err
     _, _, tree = render_path(PROFILES / "default.yaml")
-    assert tree.digest() in stdout and "Rendered 14 files" in stdout
+    assert tree.digest() in stdout and "Rendered 15 files" in stdout
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert written == sorted(tree.all_files())
     for rel, f in tree.all_files().items():

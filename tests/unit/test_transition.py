@@ -217,3 +217,45 @@ def test_switching_deployments_frees_the_old_releases_ports() -> None:
     other = facts.model_copy(update={"units": [], "current_files": {}, "current_roles": {}})
     b = plan_from_paths(PROFILES / "mxfp4-tp8.yaml", facts=other)
     assert "host.port-in-use" in {c.id for c in b.errors}
+
+
+def test_kernel_change_is_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20 item 5, the kernel half: a new kernels package with nothing else changed was
+    "No changes." for apply. The release records the package's digest in kernels.json, read by
+    every engine role, so plan and apply (one transition) change it and restart the engines."""
+    from orchestrator import kernels_package
+
+    monkeypatch.setattr(kernels_package, "digest", lambda: "a" * 64)
+    old = plan_from_paths(PROFILES / "default.yaml")
+    units = [f.path.removeprefix("units/") for f in old.files if f.path.startswith("units/")]
+    monkeypatch.setattr(kernels_package, "digest", lambda: "b" * 64)
+    new = plan_from_paths(PROFILES / "default.yaml", facts=_probed(old.files, units))
+    assert [(a.kind, a.target) for a in new.actions] == [
+        ("change", "kernels.json"),
+        ("restart", "dsv4-default-decode.service"), ("restart", "dsv4-default-prefill.service")]
+    assert count_actions(new.actions)["restart"] == 2 and new.restarts == ["prefill", "decode"]
+    # kernels off: no kernels.json, so a kernels commit changes nothing on such a host
+    off = load_context(PROFILES / "default.yaml", None)
+    off_prof = off.profile.model_copy(update={"kernels": off.profile.kernels.model_copy(
+        update={"enabled": False})})
+    plan = build_plan(type(off)(off_prof, off.profile_path, off.profile_text, off.host_name,
+                                off.host, off.inventory_path))
+    assert "kernels.json" not in {f.path for f in plan.files}
+
+
+def test_the_kernels_digest_follows_the_shipped_files(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    from orchestrator import kernels_package
+
+    monkeypatch.undo()  # the suite pins the digest; this test is about the real one
+    src = tmp_path / "kernels"
+    (src / "dsv4_kernels").mkdir(parents=True)
+    (src / "pyproject.toml").write_text("[project]\nname='dsv4-kernels'\n")
+    (src / "dsv4_kernels" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(kernels_package, "source", lambda: src)
+    kernels_package.digest.cache_clear()
+    first = kernels_package.digest()
+    (src / "dsv4_kernels" / "a.py").write_text("x = 2\n")
+    kernels_package.digest.cache_clear()
+    assert first is not None and kernels_package.digest() not in (None, first)
+    kernels_package.digest.cache_clear()
