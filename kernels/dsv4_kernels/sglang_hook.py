@@ -11,8 +11,11 @@ executes, checks the original function's parameter list and replaces it:
 * ``sglang.kernels.ops.attention.flash_mla_sm120_triton.flash_mla_sparse_decode_triton``
   (reached when ``SGLANG_SM120_FLASHMLA_BACKEND=triton``; ``flash_mla_sm120`` imports it
   lazily at call time, so replacing the module attribute is enough);
-* ``sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120`` (reached when
-  ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` on sm_120; looked up as a module global per call);
+* ``sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120`` (reached on
+  sm_120 with ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` *and* ``SGLANG_OPT_USE_TILELANG_INDEXER=0``:
+  the indexer tests TileLang first, indexer.py L862-872, and SGLang's V4 model hook turns it on
+  unless set, model_hook.py L495-502; dsv4ctl renders both; looked up as a module global per
+  call);
 * ``sglang.kernels.ops.layernorm.mhc.mhc_fused_post_pre`` (every mHC sublayer boundary on
   sm_120; ``deepseek_v4.get_mhc_ops`` imports it on first use) by ``sglang_mhc``, the bf16
   tensor-core mHC pre GEMM of issue 25, only when ``DSV4_KERNELS_BF16_GEMMS=1`` as well.

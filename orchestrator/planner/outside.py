@@ -60,19 +60,19 @@ def headroom_inputs(cat: Catalog, engine: EngineRules, model: ModelVariant, dep:
 
 
 def _truthy(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+    # sglang 0.5.23 EnvBool.parse (srt/environ.py L143-151): these are true, anything else not
+    return (v or "").lower() in ("1", "true", "yes", "y")
 
 
 def _engine_env(engine: EngineRules, dep: Deployment, role: RoleDeployment, gpu: HostGpu
                 ) -> dict[str, str]:
-    """The env the engine's indexer sees: the role's env and dsv4ctl's kernel switches, then what
-    sglang 0.5.23's V4 hook sets on sm_120 where those left a variable unset (model_hook.py
-    L482-502: ``if not envs.X.is_set(): envs.X.set(...)``)."""
-    from orchestrator.render import KERNEL_ENV
+    """The env the engine's indexer sees: the role's env file as render writes it
+    (``render.engine_env``: dsv4ctl's kernel switches, then the role's env), then what sglang
+    0.5.23's V4 hook sets on sm_120 where those left a variable unset (model_hook.py L482-502:
+    ``if not envs.X.is_set(): envs.X.set(...)``)."""
+    from orchestrator.render import engine_env
 
-    env = dict(role.env)
-    if dep.kernels_enabled:
-        env.update(KERNEL_ENV)
+    env = {k: v for k, v, _ in engine_env(dep, role, f"topology.{role.name}")}
     if gpu.arch == "sm_120":
         for k, v in engine.env_set_on_sm120.values.items():
             env.setdefault(k, v)

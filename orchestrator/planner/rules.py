@@ -71,7 +71,30 @@ def gpu_engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, de
     rejected = any(c.id == "engine.flag-invalid-choice" and c.field == "moe.runner_backend"
                    for c in static)
     out = [] if rejected else _moe_path(cat, engine, model, dep, gpu)
-    return out + _bf16_gemms(cat, model, dep, gpu) + _known_bad(cat, engine, model, dep, gpu, host)
+    return (out + _kernel_paths(dep, gpu) + _bf16_gemms(cat, model, dep, gpu)
+            + _known_bad(cat, engine, model, dep, gpu, host))
+
+
+def _kernel_paths(dep: Deployment, gpu: HostGpu) -> list[Check]:
+    """What kernels.enabled changes in the engine on sm_120: the SGLang paths the rendered env
+    (render.KERNEL_ENV) routes to the bundled kernels, and why each variable is there."""
+    if not dep.kernels_enabled or gpu.arch != "sm_120":
+        return []
+    from orchestrator.render import KERNEL_ENV
+
+    rendered = ", ".join(f"{k}={v}" for k, v in KERNEL_ENV)
+    return [check(
+        "kernels.sglang-paths", "info", "SGLang calls the bundled kernels",
+        f"kernels.enabled: the engine env sets {rendered}. Sparse MLA decode runs as "
+        "dsv4_kernels' decode (SGLang's Triton sm_120 backend, its entry point replaced by the "
+        "import hook); the indexer's paged MQA logits run as dsv4_kernels' Triton indexer in "
+        "place of SGLang's sm_120 torch function, which SGLang 0.5.23 reaches only with "
+        "SGLANG_OPT_USE_TILELANG_INDEXER=0: its V4 hook turns TileLang on on sm_120 unless set "
+        "(model_hook.py L495-502) and the indexer tests TileLang first (dsv4/indexer.py "
+        "L862-872). The headroom model sizes the hooked indexer's logits (fp32 [rows, keys])",
+        None, subject="kernels.enabled", field="kernels.enabled",
+        source="kernels/dsv4_kernels/sglang_hook.py; orchestrator/render KERNEL_ENV; "
+               "tests/parsers_real/test_indexer_path_vs_sglang.py")]
 
 
 # the measurements (device run 3 of issue 25: H200, sm_89 build standing in for sm_120)

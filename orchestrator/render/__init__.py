@@ -53,6 +53,7 @@ __all__ = [
     "ReleaseTree",
     "RenderedFile",
     "engine_argv",
+    "engine_env",
     "render_release",
     "router_argv",
 ]
@@ -64,13 +65,20 @@ MODE_SCRIPT = 0o755
 # Environment names dsv4ctl sets itself; a role's `env:` may not override them (the unit reads the
 # env file after its own settings, so a profile value would silently win over `gpus:`).
 # Environment that activates the bundled kernels inside SGLang 0.5.23 (kernels/dsv4_kernels/
-# sglang_hook.py): the hook's switch, plus the two SGLang settings that route sm_120 sparse decode and
-# the paged MQA logits through the Python entry points the hook replaces. Without the last two SGLang
-# never calls the patched functions.
+# sglang_hook.py): the hook's switch, plus the SGLang settings that route sm_120 sparse decode and
+# the paged MQA logits through the Python entry points the hook replaces. Without them SGLang never
+# calls the patched functions. The logits need two: the indexer takes TileLang before the torch
+# function (sglang 0.5.23 srt/layers/attention/dsv4/indexer.py L862-872: `elif
+# SGLANG_OPT_USE_TILELANG_INDEXER` is tested before `elif SGLANG_FP8_PAGED_MQA_LOGITS_TORCH`), and
+# the V4 model hook turns TileLang on on sm_120 unless the variable is set (srt/arg_groups/
+# model_hook.py L495-502: `if not envs.X.is_set(): envs.X.set(True)`); both read os.environ per
+# call, so the unit's value wins. Rendered rather than forced by the kernels' import hook so that
+# the env file, `plan` and the headroom model show the path the engine takes.
 KERNEL_ENV = (
     ("DSV4_KERNELS_SGLANG", "1"),
     ("SGLANG_SM120_FLASHMLA_BACKEND", "triton"),
     ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1"),
+    ("SGLANG_OPT_USE_TILELANG_INDEXER", "0"),
 )
 # kernels.bf16_gemms: the hook also swaps SGLang's FP32 mHC boundary for the bf16 tensor-core
 # one (kernels/dsv4_kernels/sglang_mhc.py; docs/fp32-gemms-sglang-0.5.23.md)
@@ -254,6 +262,30 @@ def _description(dep: Deployment, what: str) -> str:
     return unit_value(f"dsv4ctl {dep.name} {what}", "name")
 
 
+def _fleet_pd(role: RoleDeployment) -> bool:
+    return role.disaggregation_mode is not None and role.listen != LOOPBACK
+
+
+def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[str, str, str]]:
+    """``(name, value, profile field it comes from)`` of every variable in the role's env file,
+    in file order (later wins, as in systemd's ``EnvironmentFile=``): what the engine process
+    starts with. The planner reads the engine's env here too (its indexer path), so both see the
+    same values. ``field``: the role's profile path, for the role's own ``env:`` entries."""
+    out = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
+    if dep.kernels_enabled:
+        out += [(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
+    if dep.kernels_bf16_gemms:
+        out.append((*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
+    if _fleet_pd(role):
+        # A fleet's PD engine hands KV to peers on other hosts. Its transfer endpoint binds
+        # get_local_ip_auto(), which reads SGLANG_HOST_IP before guessing an interface (sglang
+        # 0.5.23 srt/utils/network.py L416-419, srt/disaggregation/common/conn.py L368, L401): on
+        # a host with several networks the guess may not be the private one the peers reach.
+        out.append(("SGLANG_HOST_IP", role.listen, "host.service_address"))
+    out += [(k, v, f"{field}.env.{k}") for k, v in role.env]
+    return out
+
+
 def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
                   ) -> dict[str, RenderedFile]:
     field = _role_field(profile, role.name)
@@ -270,23 +302,12 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
                 f"{field}.env.{reserved}: dsv4ctl sets {reserved} itself "
                 f"(from {_reserved_source(reserved)})",
                 fix=f"remove {reserved} from {field}.env")
-    env_lines = [env_file_line("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
-    if dep.kernels_enabled:
-        env_lines += [env_file_line(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
-    if dep.kernels_bf16_gemms:
-        env_lines.append(env_file_line(*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
-    if role.disaggregation_mode is not None and role.listen != LOOPBACK:
-        # A fleet's PD engine hands KV to peers on other hosts. Its transfer endpoint binds
-        # get_local_ip_auto(), which reads SGLANG_HOST_IP before guessing an interface (sglang
-        # 0.5.23 srt/utils/network.py L416-419, srt/disaggregation/common/conn.py L368, L401): on
-        # a host with several networks the guess may not be the private one the peers reach.
-        if "SGLANG_HOST_IP" in names:
-            raise RenderError(f"{field}.env.SGLANG_HOST_IP: dsv4ctl sets it itself in a fleet "
-                              "(from the host's service_address)",
-                              fix=f"remove SGLANG_HOST_IP from {field}.env; set service_address "
-                                  "in the inventory")
-        env_lines.append(env_file_line("SGLANG_HOST_IP", role.listen, "host.service_address"))
-    env_lines += [env_file_line(k, v, f"{field}.env.{k}") for k, v in role.env]
+    if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
+        raise RenderError(f"{field}.env.SGLANG_HOST_IP: dsv4ctl sets it itself in a fleet "
+                          "(from the host's service_address)",
+                          fix=f"remove SGLANG_HOST_IP from {field}.env; set service_address "
+                              "in the inventory")
+    env_lines = [env_file_line(k, v, src) for k, v, src in engine_env(dep, role, field)]
 
     root = dep.install_root
     secrets = f"{root}/secrets/{dep.name}.env"

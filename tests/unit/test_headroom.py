@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 
+from orchestrator.errors import DsvError
 from orchestrator.paths import data_dir
 from orchestrator.planner import headroom as H
 from orchestrator.planner.build import plan_from_paths
@@ -137,8 +139,9 @@ def test_check_fires_for_a_long_request_on_the_torch_path(tmp_path: Path) -> Non
 
 
 def test_default_sm120_path_fits_1m_at_085_and_not_at_090(tmp_path: Path) -> None:
-    """TileLang's unchunked 8 GiB of logits for an 8K chunk of a 1M request: fits the 13.9 GiB
-    mfs 0.85 leaves; at 0.90 (9.2 GiB) the exact 8 GiB plus the estimates do not."""
+    """The default sm_120 path (the bundled Triton indexer, kernels on; TileLang, sglang's own
+    default, sizes the same): unchunked 8 GiB of logits for an 8K chunk of a 1M request fits the
+    13.9 GiB mfs 0.85 leaves; at 0.90 (9.2 GiB) the exact 8 GiB plus the estimates do not."""
     ok = _plan(tmp_path, **{"workload.longest_request_tokens": 1_048_576})
     assert "capacity.headroom" not in {c.id for c in ok.checks}
     tight = _plan(tmp_path, **{"workload.longest_request_tokens": 1_048_576,
@@ -164,3 +167,34 @@ def test_check_names_both_ways_out_with_their_price(tmp_path: Path) -> None:
                                "topology.prefill.chunked_prefill_size": 32768,
                                "serving.mem_fraction_static": m})
     assert not [x for x in fixed.checks if x.id == "capacity.headroom" and x.subject == "prefill"]
+
+
+def test_indexer_path_follows_the_env_render_writes(tmp_path: Path) -> None:
+    """The indexer term models the function SGLang calls under the role's rendered env file
+    (tests/parsers_real/test_indexer_path_vs_sglang.py runs SGLang's own dispatch on it): with
+    the bundled kernels on, render sets SGLANG_OPT_USE_TILELANG_INDEXER=0 and the hooked Triton
+    indexer scores; with them off, sglang's sm_120 default (TileLang), unless the role's env
+    turns TileLang off (the torch function)."""
+    def detail(plan, role: str = "prefill") -> str:  # type: ignore[no-untyped-def]
+        cap = next(c for c in plan.capacity if c.role == role)
+        return cap.headroom_terms[-1].detail
+
+    on = plan_from_paths(PROFILES / "default.yaml")
+    for role in ("prefill", "decode"):
+        assert detail(on, role).startswith("dsv4ctl's Triton indexer hooked in place of the torch")
+    off = _plan(tmp_path, **{"kernels.enabled": False})
+    assert detail(off).startswith("TileLang tilelang_fp8_paged_mqa_logits")
+    torch_fn = _plan(tmp_path, **{"kernels.enabled": False,
+                                  "topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}})
+    assert detail(torch_fn).startswith("sm_120 torch function")
+    assert detail(torch_fn, "decode").startswith("TileLang")  # only the prefill role's env says so
+
+
+def test_kernels_own_the_tilelang_switch(tmp_path: Path) -> None:
+    """With the bundled kernels on, a role cannot turn TileLang back on behind them: the plan
+    says which field to remove instead of rendering an engine that never calls the kernels."""
+    with pytest.raises(DsvError) as err:
+        _plan(tmp_path, **{"topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "1"}})
+    text = str(err.value) + str(getattr(err.value, "fix", ""))
+    assert "topology.prefill.env.SGLANG_OPT_USE_TILELANG_INDEXER" in text
+    assert "kernels.enabled" in text

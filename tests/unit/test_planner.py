@@ -323,3 +323,16 @@ def test_planner_says_what_bf16_gemms_changes(tmp_path: Path) -> None:
     p["kernels"] = {"enabled": False}
     none = _ids(build_plan(load_context(_write(tmp_path, p), None)))
     assert not {"kernels.bf16-gemms", "kernels.fp32-gemms"} & set(none)
+
+
+def test_kernels_check_says_which_sglang_paths_they_take(tmp_path: Path) -> None:
+    # kernels.enabled renders SGLANG_OPT_USE_TILELANG_INDEXER=0 (the indexer's logits reach the
+    # bundled kernel only then); the plan says so, with the SGLang source lines
+    p = _default()
+    on = build_plan(load_context(_write(tmp_path, p), None))
+    msg = next(c for c in on.checks if c.id == "kernels.sglang-paths")
+    assert msg.severity == "info" and msg.field == "kernels.enabled"
+    assert "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1, SGLANG_OPT_USE_TILELANG_INDEXER=0" in msg.message
+    assert "model_hook.py L495-502" in msg.message and "dsv4/indexer.py L862-872" in msg.message
+    p["kernels"] = {"enabled": False}
+    assert "kernels.sglang-paths" not in _ids(build_plan(load_context(_write(tmp_path, p), None)))

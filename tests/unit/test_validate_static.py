@@ -23,7 +23,8 @@ DEFAULT = (PROFILES / "default.yaml").read_text()
 # checks that need the host (its GPUs' architecture or count, disks, ports in use, host keys)
 HOST_ONLY = {"engine.moe-runner", "engine.moe-runner-unknown", "engine.moe-runner-fallback",
              "engine.moe-runner-unavailable", "topology.gpu-missing",
-             "kernels.bf16-gemms", "kernels.fp32-gemms"}  # the kernels' path depends on the arch
+             "kernels.bf16-gemms", "kernels.fp32-gemms",
+             "kernels.sglang-paths"}  # the kernels' path depends on the arch
 
 
 HOST_FAMILIES = ("host.", "disk.", "capacity.", "known-bad.", "fleet.")
