@@ -9,6 +9,9 @@ multiplies matrices, and match ``sm120_gate.json``: shared memory, registers a t
 MMA counts recorded there, so any change in what ptxas makes of a kernel shows in review. After
 a deliberate change: ``DSV4_SM120_GATE_UPDATE=1 pytest kernels/tests/test_kernels_sm120_gate.py``
 rewrites the table (the limits above still apply), and the diff is reviewed.
+
+The bf16 mHC pre GEMM of issue 25 (``mhc_pre_gemm._post_pre_kernel``, hooked with
+``DSV4_KERNELS_BF16_GEMMS=1``) is part of the same gate, at the tiles its launcher uses.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from typing import Any
 import triton
 from triton_compile import compile_kernel
 
+from dsv4_kernels import mhc_pre_gemm as mhc
 from dsv4_kernels.indexer import R3_BLOCK, R3_SEL_BLOCK, R3_SEL_WARPS, R3_WARPS, _window_consts
 from dsv4_kernels.sparse_decode import _VARIANT_TILES, combine_block_h, dispatch_configs
 
 SM120_SMEM = 101376  # opt-in shared memory per block on compute capability 12.0
 TABLE = Path(__file__).with_name("sm120_gate.json")
-SD, IX = "dsv4_kernels.sparse_decode", "dsv4_kernels.indexer"
+SD, IX, MHC = "dsv4_kernels.sparse_decode", "dsv4_kernels.indexer", "dsv4_kernels.mhc_pre_gemm"
+MMA_KERNELS = ("_sparse_decode_pf_kernel", "_sparse_decode_local_kernel", "_logits_kernel",
+               "_post_pre_kernel")
 
 
 def sm120_builds() -> dict[str, tuple[str, str, dict[str, Any], int, int]]:
@@ -36,7 +42,9 @@ def sm120_builds() -> dict[str, tuple[str, str, dict[str, Any], int, int]]:
     takes for some head count, one split and several (fp16 partials, the default), with and
     without the extra key list; the split combine at its head blocks with the most splits; the
     indexer's logits (clean and not) and its three top-k launches at top-k 512 and 1024 with
-    their default tiles."""
+    their default tiles; the mHC pre GEMM at DeepSeek-V4-Flash's shape with and without the
+    fused post (the hook always fuses it; ``hc_pre`` callers do not) at its launcher's
+    defaults (:func:`mhc_pre_build`)."""
     builds: dict[str, tuple[str, str, dict[str, Any], int, int]] = {}
     for cfg in dispatch_configs(SM120_SMEM, 120):
         v = cfg.variant
@@ -80,7 +88,30 @@ def sm120_builds() -> dict[str, tuple[str, str, dict[str, Any], int, int]]:
         builds[f"topk-C k{k}"] = (IX, "_split_select_kernel", dict(
             K=k, KP=k, CH=R3_SEL_BLOCK, CAP=4096, NB=nb, MSH=msh, DIRECT=k, P=8,
             WRITE_RAW=True), R3_SEL_WARPS, 3)
+    for do_post in (True, False):
+        consts, warps, stages = mhc_pre_build(do_post)
+        builds[f"mhc-pre bm{consts['BM']} bk{consts['BK']} splits{consts['SPLITS']} w{warps}"
+               f"{' post' if do_post else ''}"] = (MHC, "_post_pre_kernel", consts, warps, stages)
     return builds
+
+
+def mhc_pre_build(do_post: bool, hidden: int = 4096, n: int = 24) -> tuple[dict[str, Any], int,
+                                                                             int]:
+    """The constexprs, warps and stages ``mhc_post_pre_partials`` launches with by default (its
+    own keyword defaults, read from its signature, so a changed default changes the build)."""
+    import inspect
+
+    d = {k: p.default for k, p in inspect.signature(mhc.mhc_post_pre_partials).parameters.items()}
+    splits = d["splits"]
+    bk = d["block_k"] or min(hidden // splits, 32)
+    consts = dict(H=hidden, N=n, NP=mhc.N_PAD, WS=n if d["packed"] else mhc.N_PAD,
+                  SPLITS=splits, BM=d["block_m"], BK=bk, DO_POST=do_post, USE_LO=d["use_lo"],
+                  DOT_F32=False)
+    fn = getattr(mhc._post_pre_kernel, "fn", mhc._post_pre_kernel)  # the interpreter wraps it
+    want = {k for k, p in inspect.signature(fn).parameters.items()
+            if "constexpr" in str(p.annotation)}
+    assert set(consts) == want, f"every constexpr pinned: {sorted(want ^ set(consts))}"
+    return consts, d["num_warps"], d["num_stages"]
 
 
 def gate_failures(name: str, got: dict[str, Any], kernel: str) -> list[str]:
@@ -93,9 +124,10 @@ def gate_failures(name: str, got: dict[str, Any], kernel: str) -> list[str]:
                    f"loads, {got['stack']} B stack a thread)")
     if got["wgmma"]:
         bad.append(f"{name}: wgmma {got['wgmma']} (sm_120 has none)")
-    if kernel in ("_sparse_decode_pf_kernel", "_sparse_decode_local_kernel", "_logits_kernel") \
-            and not got["mma_sync"]:
+    if kernel in MMA_KERNELS and not got["mma_sync"]:
         bad.append(f"{name}: no mma.sync: its products would run on CUDA cores")
+    if kernel == "_post_pre_kernel" and not any(k.endswith(".bf16") for k in got["mma_sync"]):
+        bad.append(f"{name}: no bf16 mma.sync ({got['mma_sync']}): the point of the kernel")
     return bad
 
 

@@ -317,3 +317,45 @@ def test_sm120_dispatch_configs_match_reference(gen: torch.Generator, nsplit: in
                                                 config=dataclasses.replace(cfg, nsplit=nsplit)),
                              *ref_sparse_decode(**case.kwargs()))
         assert res["ok"], (cfg, res)
+
+
+@pytest.mark.parametrize("device", ["h200", "sm120"])
+def test_selftest_runs_the_tiles_the_dispatch_launches(monkeypatch: pytest.MonkeyPatch,
+                                                       device: str) -> None:
+    """The (variant, heads a program, block_t, stages, warps) the automatic dispatch launches on
+    a device, over batch 1-64 and 16/64/128 heads, are those the self-test launches there with
+    ``dispatch_configs`` (dsplit at the dispatch's BT 64, not its table default). Recorded at
+    the launcher, after every default and fallback; the Gluon kernels refuse CPU tensors, so on
+    the H200 the Triton variants (dsplit and the local fallback) are compared."""
+    import dataclasses
+
+    from dsv4_kernels import selftest
+    from dsv4_kernels import sparse_decode as sd
+    from dsv4_kernels.cases import make_decode_case
+
+    shared, arch, sms = {"h200": (232448, 90, 132), "sm120": (101376, 120, 188)}[device]
+    monkeypatch.setattr(sd, "device_max_shared", lambda t: shared)
+    monkeypatch.setattr(sd, "device_arch", lambda t: arch)
+    monkeypatch.setattr(sd, "device_sms", lambda t: sms)
+    seen: list[tuple[object, ...]] = []
+    monkeypatch.setattr(sd._Launch, "rows", lambda self, *a: seen.append(
+        (self.variant, self.block_h, self.block_t, self.num_stages, self.num_warps)))
+    g = torch.Generator().manual_seed(0)
+    for heads in (16, 64, 128):
+        for batch in (1, 2, 3, 4, 8, 16, 64):
+            c = make_decode_case(g, batch=batch, heads=heads, topk=128, extra_topk=512,
+                                 page_size=256, extra_page_size=64)
+            sd.sparse_mla_decode(**c.kwargs())
+    dispatched, seen[:] = set(seen), []
+    for spec in selftest.DECODE_CASES:
+        for pick in sd.dispatch_configs(shared, arch):
+            if pick.variant in ("wg", "ws"):
+                continue
+            c = make_decode_case(g, **spec)
+            sd.sparse_mla_decode(**c.kwargs(), config=dataclasses.replace(pick, nsplit=5))
+    tested = set(seen)
+    assert dispatched <= tested, f"dispatched but not self-tested: {dispatched - tested}"
+    # and nothing the dispatch never launches (dsplit at its table default BT 32, say)
+    assert tested <= dispatched, f"self-tested but never dispatched: {tested - dispatched}"
+    if device == "h200":
+        assert ("dsplit", 64, 64) in {t[:3] for t in dispatched}

@@ -42,6 +42,10 @@ ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16"
         "cnt_ptr": "*i32", "lpos_ptr": "*i32", "lkey_ptr": "*i32", "raw_ptr": "*i32"}
 if module.endswith("indexer"):
     ptrs.update(q_ptr="*u8", out_ptr="*i32" if kernel != "_logits_kernel" else "*fp32")
+if module.endswith("mhc_pre_gemm"):  # bf16 rows and weight halves, fp32 mixes
+    ptrs.update(y_ptr="*bf16", res_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32",
+                fnh_ptr="*bf16", fnl_ptr="*bf16", res_out_ptr="*bf16", mix_ptr="*fp32",
+                sq_ptr="*fp32")
 sig = {n: ("constexpr" if n in consts else ptrs.get(n, "i32")) for n in fn.arg_names}
 # what the launchers guarantee and Triton's runtime specialization then sees: 16-byte aligned
 # pointers, page bytes and strides that are multiples of 16
