@@ -62,7 +62,11 @@ except RemoteError as exc:
 except BaseException as exc:
     out["traceback"] = traceback.format_exc()[-2000:]
 out["elapsed_s"] = time.monotonic() - t0
-out["rss_growth_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+# VmHWM is this address space's peak; ru_maxrss is not: Linux carries the parent's peak across
+# exec, so under a large pytest process it reported that process's size, not the probe's.
+with open("/proc/self/status") as f:
+    hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+out["rss_growth_mb"] = (hwm_kb - base) / 1024
 print(json.dumps(out))
 """
 
