@@ -259,3 +259,32 @@ def test_the_kernels_digest_follows_the_shipped_files(monkeypatch: pytest.Monkey
     kernels_package.digest.cache_clear()
     assert first is not None and kernels_package.digest() not in (None, first)
     kernels_package.digest.cache_clear()
+
+
+def test_the_fleet_uses_the_same_transition_per_host(tmp_path: Path) -> None:
+    """The fleet (issue 23) plans each host with build_plan, so with this transition: a change of
+    the engine's settings restarts every engine host's engine and no process on the router host,
+    and the fleet's per-host summary counts the same actions."""
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    fleet_path = PROFILES / "fleet-3x.yaml"
+    before = plan_fleet(load_fleet(fleet_path, None))
+    prof = yaml.safe_load(fleet_path.read_text())
+    prof["topology"]["engine"]["cuda_graph_max_bs"] = 32
+    changed = tmp_path / "fleet-3x.yaml"
+    changed.write_text(yaml.safe_dump(prof))
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.read_text())
+    facts = {}
+    for p in before.plans:
+        units = [f.path.removeprefix("units/") for f in p.files if f.path.startswith("units/")]
+        facts[p.host] = _probed(p.files, units).model_copy(update={"host": p.host})
+    after = plan_fleet(load_fleet(changed, None), facts)
+    rows = {r.host: r for r in after.summary()}
+    for old, new in zip(before.plans, after.plans, strict=True):
+        assert new.actions == between(old.files, new.files), new.host
+        assert rows[new.host].changes == len(new.actions)
+        assert rows[new.host].restarts == len(new.restarts)
+        if new.deployment.roles:
+            assert new.restarts == ["engine"], new.host
+        else:  # the router host: only its copy of the resolved profile changes, nothing restarts
+            assert [(a.kind, a.target) for a in new.actions] == [("change", "profile.yaml")]
