@@ -278,8 +278,14 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert data["format"] == 2 and data["summary"]["errors"] == 0
 
 
-def test_plan_path_imports_no_torch_triton_or_fabric() -> None:
-    code = ("import sys; from orchestrator.cli import main; rc = main(['plan']); "
+@pytest.mark.parametrize("argv", [
+    ["plan"],
+    ["plan", "--explain"],
+    ["plan", str(PROFILES_DIR / "fleet-3x.yaml")],
+    ["plan", str(PROFILES_DIR / "fleet-3x.yaml"), "--explain", "--format", "json"],
+], ids=["host", "explain", "fleet", "fleet-explain-json"])
+def test_plan_path_imports_no_torch_triton_or_fabric(argv: list[str]) -> None:
+    code = (f"import sys; from orchestrator.cli import main; rc = main({argv!r}); "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'triton', 'fabric', 'paramiko', 'invoke', 'aiohttp')); print(rc, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
