@@ -11,8 +11,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator import __version__
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
@@ -32,6 +33,8 @@ from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFi
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.loader import locate, read_file
 from orchestrator.profile.schema import Profile
+
+_SavedT = TypeVar("_SavedT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -233,31 +236,44 @@ def save_plan(plan: Plan | FleetPlan, path: Path) -> None:
     tmp.replace(path)
 
 
-def load_fleet_plan(path: Path) -> FleetPlan:
-    """A fleet's saved plan (``dsv4ctl plan FLEET-PROFILE -o plan.json``)."""
+def _read_saved_plan(path: Path) -> Any:
+    """The JSON of a saved plan file; a clear error when it is not JSON (one owner for both
+    loaders)."""
     text = read_file(path)
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(kind=str(path), problems=[Problem(
             "", f"not a saved plan: invalid JSON ({exc.msg})", file=str(path), line=exc.lineno,
             column=exc.colno, fix="create one with `dsv4ctl plan PROFILE -o plan.json`")]) from None
+
+
+def _validate_saved(model: type[_SavedT], data: Any, path: Path, fix: str) -> _SavedT:
+    """``model.model_validate(data)``, a schema mismatch reported by its field, not a traceback."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(kind=str(path), problems=[Problem(
+            ".".join(str(x) for x in first["loc"]), f"not a saved plan: {first['msg']}",
+            file=str(path), fix=fix)]) from None
+
+
+def load_fleet_plan(path: Path) -> FleetPlan:
+    """A fleet's saved plan (``dsv4ctl plan FLEET-PROFILE -o plan.json``)."""
+    data = _read_saved_plan(path)
     if not isinstance(data, dict) or data.get("kind") != "fleet" or data.get("format") != \
             FleetPlan.model_fields["format"].default:
         raise InputError(kind=str(path), problems=[Problem(
             "kind", "not a saved fleet plan of this dsv4ctl version", file=str(path),
             fix="re-run `dsv4ctl plan FLEET-PROFILE -o plan.json` with this dsv4ctl")])
-    return FleetPlan.model_validate(data)
+    return _validate_saved(FleetPlan, data, path,
+                           "re-run `dsv4ctl plan FLEET-PROFILE -o plan.json` with this dsv4ctl")
 
 
 def load_plan(path: Path) -> Plan:
-    text = read_file(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(kind=str(path), problems=[Problem(
-            "", f"not a saved plan: invalid JSON ({exc.msg})", file=str(path), line=exc.lineno,
-            column=exc.colno, fix="create one with `dsv4ctl plan PROFILE -o plan.json`")]) from None
+    """One host's saved plan (``dsv4ctl plan PROFILE -o plan.json``), for ``dsv4ctl apply``."""
+    data = _read_saved_plan(path)
     if isinstance(data, dict) and data.get("kind") == "fleet":
         raise InputError(kind=str(path), problems=[Problem(
             "kind", f"a fleet's plan ({', '.join(map(str, data.get('hosts') or []))}), not one "
@@ -269,13 +285,7 @@ def load_plan(path: Path) -> Plan:
             "format", "not a saved plan of this dsv4ctl version", file=str(path),
             value=repr(data.get("format")) if isinstance(data, dict) else None,
             fix="re-run `dsv4ctl plan PROFILE -o plan.json` with this dsv4ctl")])
-    try:
-        plan = Plan.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(kind=str(path), problems=[Problem(
-            ".".join(str(x) for x in first["loc"]), f"not a saved plan: {first['msg']}",
-            file=str(path), fix="create it with `dsv4ctl plan PROFILE --live -o plan.json`")]) from None
+    plan = _validate_saved(Plan, data, path, "create it with `dsv4ctl plan PROFILE --live -o plan.json`")
     if any(f.content is None for f in plan.files):
         raise InputError(kind=str(path), problems=[Problem(
             "files", "the plan holds no file contents (a `--format json` print, not a saved plan)",

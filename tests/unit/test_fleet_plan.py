@@ -343,6 +343,13 @@ def test_a_saved_fleet_plan_holds_every_host_and_is_not_taken_for_one_hosts(
     with pytest.raises(InputError) as info:
         load_plan(out)
     assert "a fleet's plan (gpu-a, gpu-b, gpu-c)" in info.value.render()
+    # a damaged fleet plan is named by its field, like a host's, never a pydantic traceback
+    data = json.loads(out.read_text())
+    del data["plans"][1]["deployment"]
+    out.write_text(json.dumps(data))
+    with pytest.raises(InputError) as info:
+        load_fleet_plan(out)
+    assert "plans.1.deployment" in info.value.render() and "not a saved plan" in info.value.render()
 
 
 def test_a_list_of_one_host_is_the_fleet_of_one(tmp_path: Path) -> None:
