@@ -38,6 +38,9 @@ unified_kv (HIP-only), no encoder SWA replay (V4.1-only), ratio-mode SWA sizing 
 
 Every constant carries its source location (sglang 0.5.23 wheel paths; prefix ``python/`` on
 GitHub). Assumptions that code cannot settle are listed in ``PoolSizing.notes``.
+
+Past 400 lines on purpose: the arithmetic follows sglang's startup in order, each constant beside
+its source line, so that ``tests/parsers_real/test_kvpool_vs_sglang.py`` can pin it term by term.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ This module owns the *shape* of a profile (types, ranges, required fields, defau
 profile also makes sense for the chosen engine version, model and GPUs (``index_topk`` values the engine
 accepts, GPUs used twice, TP dividing the heads, memory) is the planner's job: those answers depend on the
 catalog and the host, and they come back as checks with stable ids that a profile can acknowledge.
+
+About 400 lines: one class per profile section, each field with its range and description (the
+JSON Schema for editors, :mod:`.jsonschema`, is generated from them), so it grows with the
+profile.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ key that differs from a known one is always refused. A host never seen before is
 :func:`accept_new_host_keys` (``--accept-new-host-key``, OpenSSH's ``StrictHostKeyChecking
 accept-new``): its key is logged and recorded (in the host's ``known_hosts`` file, else the user's),
 so the next connection is pinned to it. Unknown and changed keys fail without retry.
+
+Past 400 lines on purpose: connecting, host-key policy, commands, uploads and the HTTP tunnel all
+work on one paramiko transport and map its failures to one set of errors; what needs no
+connection went to :mod:`.diagnose` (naming a failure) and :mod:`.hostfs` (install-root rules).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ host, sorted output, every file ends with one newline.
 Every value is quoted for the context it lands in by :mod:`orchestrator.render.quoting` before a
 template sees it; templates only lay text out. Engine and router arguments come from
 :mod:`orchestrator.render.argv` as lists, so tests can run them through the real upstream parsers.
+
+Past 400 lines on purpose: one builder per kind of file in the tree (engine, router, monitoring,
+profile, kernels) around the shared unit and sandbox helpers; the decisions with a seam of their
+own already live apart (:mod:`.quoting`, :mod:`.argv`, :mod:`.secrets`, :mod:`.diff`).
 """
 
 from __future__ import annotations
