@@ -161,6 +161,19 @@ def test_bf16_gemms_switch_reaches_the_engine_env() -> None:
     assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": False, "bf16_gemms": True})
 
 
+def test_the_switches_render_sets_are_the_ones_the_kernels_hook_reads() -> None:
+    # two packages spell the names (orchestrator.render sets them, dsv4_kernels.sglang_hook reads
+    # them; plan may not import the kernels): this pins that they agree
+    from dsv4_kernels import sglang_hook
+
+    from orchestrator.render import BF16_GEMMS_ENV, KERNEL_ENV
+
+    assert dict(KERNEL_ENV)[sglang_hook.ENV_VAR] == "1"
+    assert f"'{sglang_hook.ENV_VAR}'" in sglang_hook.PTH_LINE
+    assert BF16_GEMMS_ENV == (sglang_hook.BF16_GEMMS_ENV, "1")
+    assert sglang_hook.BF16_GEMMS_ENV in sglang_hook.GATES.values()
+
+
 def test_role_env_cannot_set_the_bf16_switch() -> None:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     data["topology"]["decode"]["env"] = {"DSV4_KERNELS_BF16_GEMMS": "0"}
