@@ -15,10 +15,10 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from orchestrator.planner.report import symbol_legend
 from orchestrator.planner_model import Plan, RoleCapacity
 
-LEGEND = ("Legend: + add  ~ change  - remove  ~> restart  +> start  -< stop  "
-          "mfs = mem_fraction_static")
+LEGEND = f"Legend: {symbol_legend()}  mfs = mem_fraction_static"
 
 # bytes_per_full_token terms: label and SGLang 0.5.23's expression (pool_configurator.py
 # L1372-1446; docs/kvpool-sglang-0.5.23.md §2 derives each).

@@ -12,9 +12,19 @@ import json
 import textwrap
 from collections.abc import Sequence
 
-from orchestrator.planner_model import Action, Check, Plan, count_actions, downtime_text, plan_line
+from orchestrator.planner_model import (
+    ACTION_WORDS,
+    Action,
+    Check,
+    Plan,
+    count_actions,
+    downtime_text,
+    plan_line,
+)
 
 _SYMBOL = {"create": "+", "change": "~", "remove": "-", "restart": "~>", "start": "+>", "stop": "-<"}
+# the symbols in legend order: file actions, then unit actions
+_LEGEND_ORDER = ("create", "change", "remove", "restart", "start", "stop")
 # What the GPU table's words mean; other + weights + KV pool + headroom = the GPU's memory.
 GPU_TABLE_LEGEND = (
     "other = CUDA context/NCCL before SGLang's baseline + the req_to_token table; headroom = free",
@@ -22,6 +32,11 @@ GPU_TABLE_LEGEND = (
     "`dsv4ctl plan --explain` shows every term in bytes.",
 )
 _SEV = {"error": "x error  ", "warning": "! warning", "info": "i info   "}
+
+
+def symbol_legend() -> str:
+    """``+ add  ~ change  ...``: what each action symbol of the plan means (one owner of both)."""
+    return "  ".join(f"{_SYMBOL[k]} {ACTION_WORDS[k]}" for k in _LEGEND_ORDER)
 
 
 def _gib(n: float) -> str:
