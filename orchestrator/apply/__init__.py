@@ -365,15 +365,12 @@ def _authed_http(remote: Any, store: Any, dep: Any) -> Any:
     """``remote.http`` with the engine's API key as a bearer token when the release sets one
     (SGLang answers 401 on /v1/models and /server_info without it); the key is read from the
     host's secrets file, the controller need not have it."""
-    import functools
-
+    from orchestrator.remote.connection import listen_http
     from orchestrator.render.secrets import SECRET_PREFIX
 
     name = f"{SECRET_PREFIX}API_KEY"
     key = store.read_secret(dep.name, name) if name in dep.secret_names else None
-    if not key:
-        return remote.http
-    return functools.partial(remote.http, headers={"Authorization": f"Bearer {key}"})
+    return listen_http(remote.http, dep, {"Authorization": f"Bearer {key}"} if key else None)
 
 
 def _unit_file(scope: str, unit: str) -> str:

@@ -71,7 +71,8 @@ def measure_roles(remote: Any, install_root: str, plan: Plan, release: str | Non
         if cap is None:
             continue
         try:
-            resp = remote.http("GET", role.port, "/server_info", timeout=10)
+            resp = remote.http("GET", role.port, "/server_info", timeout=10,
+                               address=role.listen)
             info = resp.json() if resp.status == 200 else None
         except (OSError, ValueError) as exc:
             notes.append(f"{role.name}: /server_info unreadable ({exc})")

@@ -542,15 +542,14 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
 def engine_http(ctx: Context) -> Callable[..., Any]:
     """``remote.http``, with ``Authorization: Bearer`` when the profile sets the engine's API key
     (``secrets: DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models and the generation
-    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py)."""
-    import functools
-
+    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py). Sent to
+    the address each port listens on (a fleet's engines: the host's service address)."""
+    from orchestrator.remote.connection import listen_http
     from orchestrator.render.secrets import SECRET_PREFIX
 
     key = ctx.secrets.get(f"{SECRET_PREFIX}API_KEY")
-    if not key:
-        return ctx.remote.http
-    return functools.partial(ctx.remote.http, headers={"Authorization": f"Bearer {key}"})
+    return listen_http(ctx.remote.http, ctx.deployment,
+                       {"Authorization": f"Bearer {key}"} if key else None)
 
 
 def smoke_generate(ctx: Context, step: Any) -> Outcome:

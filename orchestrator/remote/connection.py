@@ -482,18 +482,20 @@ class RemoteHost:
 
     # ------------------------------------------------------------------------------- HTTP ---
     def http(self, method: str, port: int, path: str, *, body: Any = None,
-             timeout: float = 10.0, headers: dict[str, str] | None = None) -> HttpResponse:
-        """One HTTP request to ``127.0.0.1:port`` on the host, through the SSH transport.
+             timeout: float = 10.0, headers: dict[str, str] | None = None,
+             address: str = "127.0.0.1") -> HttpResponse:
+        """One HTTP request to ``address:port`` on the host (loopback unless a fleet engine
+        listens on the host's service address), through the SSH transport.
 
         Raises :class:`ConnectionRefusedError` when nothing listens there (the caller decides
         whether that is "still starting" or "down"), :class:`RemoteError` when SSH itself fails."""
         try:
-            chan = self.transport.open_channel("direct-tcpip", ("127.0.0.1", port),
+            chan = self.transport.open_channel("direct-tcpip", (address, port),
                                                ("127.0.0.1", 0), timeout=timeout)
         except paramiko.ChannelException as exc:
             # sshd answers "Connect failed" (OPEN_CONNECT_FAILED = 2) when the port is closed.
             if exc.code == 2:
-                raise ConnectionRefusedError(f"127.0.0.1:{port} refused on {self.name}") from exc
+                raise ConnectionRefusedError(f"{address}:{port} refused on {self.name}") from exc
             raise RemoteError(f"SSH refused a tunnel to port {port} on host '{self.name}': "
                               f"{exc.text}", fix="allow TCP forwarding in the host's sshd "
                               "(AllowTcpForwarding yes)") from exc
@@ -502,7 +504,7 @@ class RemoteHost:
         chan.settimeout(timeout)
         conn = _ChannelHTTPConnection(chan, port, timeout)
         try:
-            headers = {**(headers or {}), "Host": f"127.0.0.1:{port}", "Connection": "close"}
+            headers = {**(headers or {}), "Host": f"{address}:{port}", "Connection": "close"}
             data = None
             if body is not None:
                 data = json.dumps(body).encode()
@@ -514,7 +516,7 @@ class RemoteHost:
         except TimeoutError as exc:
             raise TimeoutError(f"{method} {path} on port {port}: no answer in {timeout}s") from exc
         except (http.client.HTTPException, EOFError, OSError) as exc:
-            raise ConnectionResetError(f"{method} 127.0.0.1:{port}{path}: {exc}") from exc
+            raise ConnectionResetError(f"{method} {address}:{port}{path}: {exc}") from exc
         finally:
             conn.close()
             chan.close()
@@ -569,6 +571,25 @@ class RemoteHost:
             stop.set()
             server.close()
             t.join(timeout=2)
+
+
+
+def listen_http(http: Callable[..., Any], dep: Any,
+                headers: dict[str, str] | None = None) -> Callable[..., Any]:
+    """``http(method, port, path, ...)`` (:meth:`RemoteHost.http`) sent to the address each port
+    of deployment ``dep`` listens on: loopback, or the host's service address for a fleet's
+    engines that a router or PD peer on another host reaches (RoleDeployment.listen, issue 23) —
+    the SSH tunnel must open to that address, 127.0.0.1 is refused there."""
+    where = {r.port: r.listen for r in dep.roles}
+    if dep.router is not None and dep.router.host not in ("0.0.0.0", "::"):
+        where[dep.router.port] = dep.router.host
+
+    def call(method: str, port: int, path: str, **kw: Any) -> Any:
+        if headers:
+            kw["headers"] = {**headers, **(kw.get("headers") or {})}
+        return http(method, port, path, address=where.get(port, "127.0.0.1"), **kw)
+
+    return call
 
 
 def connect(name: str, host: Host, *, sleep: Callable[[float], None] = time.sleep) -> RemoteHost:
