@@ -294,10 +294,29 @@ class Health(_Strict):
     qualify: Qualify | None = None
 
 
+class RolloutStrategy(_Strict):
+    """How a fleet moves to a new release (issue 23; orchestrator/apply/rollout.py): the canary
+    hosts first, then waves; each host drained through the router, applied, put back."""
+
+    canary: int = Field(default=1, ge=0, le=1000, description=(
+        "Hosts applied alone first; if one fails the rollout stops there. 0: no canary wave."))
+    max_unavailable: int = Field(default=1, ge=1, le=10000, description=(
+        "Most hosts out of the router at once (the size of every wave after the canary)."))
+    max_failures: int = Field(default=0, ge=0, le=10000, description=(
+        "Failed hosts (each rolled back to its previous release) tolerated before the rollout "
+        "stops; 0: the first failure stops it."))
+    pause_s: float = Field(default=0.0, ge=0, le=86400, description=(
+        "Seconds to wait between waves (time to watch the dashboards)."))
+    drain_timeout_s: float = Field(default=120.0, ge=0, le=86400, description=(
+        "How long a host's engines may take to finish their running requests after it left the "
+        "router; then it is applied anyway."))
+
+
 class Rollout(_Strict):
     keep_releases: int = Field(default=5, ge=2, le=100)
     rollback_on_failure: bool = True
     rollback_timeout_s: int = Field(default=1800, ge=10, le=86400)
+    strategy: RolloutStrategy = Field(default_factory=RolloutStrategy)
 
 
 class SecretRef(_Strict):

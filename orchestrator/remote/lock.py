@@ -35,8 +35,10 @@ INFO_NAME = ".dsv4ctl.lock.info"
 REFUSED_RC = 75  # flock -E: "lock held", distinct from real errors
 
 
-def lock_paths(install_root: str) -> tuple[str, str]:
-    return f"{install_root}/{LOCK_NAME}", f"{install_root}/{INFO_NAME}"
+def lock_paths(install_root: str, name: str = LOCK_NAME) -> tuple[str, str]:
+    """The lock file and its holder-info file (``name``: the host lock, or a fleet's lock)."""
+    info = INFO_NAME if name == LOCK_NAME else name + ".info"
+    return f"{install_root}/{name}", f"{install_root}/{info}"
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,17 @@ def is_locked(remote: RemoteHost, install_root: str) -> bool:
 class HostLock:
     """Acquire with :meth:`acquire`; :meth:`release` (or the connection dying) frees it."""
 
-    def __init__(self, remote: RemoteHost, install_root: str, command: str) -> None:
+    def __init__(self, remote: RemoteHost, install_root: str, command: str, *,
+                 name: str = LOCK_NAME) -> None:
         self.remote = remote
         self.install_root = install_root
         self.command = command
+        self.name = name  # LOCK_NAME, or a fleet lock's file name (orchestrator/apply/fleet_ops)
         self._chan: paramiko.Channel | None = None
         self.remote_pid: int | None = None
 
     def _script(self) -> str:
-        lock, info = lock_paths(self.install_root)
+        lock, info = lock_paths(self.install_root, self.name)
         payload = json.dumps(holder_info(self.command), sort_keys=True)
         # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
         # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid.
