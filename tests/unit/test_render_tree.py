@@ -16,6 +16,7 @@ from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
 from orchestrator.render import render_release
 from tests.validate.helpers import (
+    INVENTORY,
     PROFILES,
     render_path,
     render_text,
@@ -187,11 +188,16 @@ def test_apply_uploads_the_renderers_manifest(path: Path) -> None:
     manifest `dsv4ctl render` writes (apply.steps.tree_from_plan uses ReleaseTree.manifest)."""
     from orchestrator.apply.steps import tree_from_plan
     from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
 
-    if "hosts" in (path.read_text()):
-        pytest.skip("a fleet profile is planned per host")
-    tree = render_path(path)[2]
-    files, hashes, manifest = tree_from_plan(plan_from_paths(path))
-    assert manifest == tree.manifest()
-    assert files["manifest.json"][0].decode() == tree.manifest()
-    assert hashes == {p: f.sha256 for p, f in tree.files.items()}
+    fleet = load_fleet(path, INVENTORY)
+    if fleet.is_fleet:  # a fleet is planned per host: each host's plan against its own render
+        pairs = [(p, render_release(fleet.profile, p.deployment)) for p in plan_fleet(fleet).plans]
+    else:
+        pairs = [(plan_from_paths(path), render_path(path)[2])]
+    assert pairs
+    for plan, tree in pairs:
+        files, hashes, manifest = tree_from_plan(plan)
+        assert manifest == tree.manifest(), plan.host
+        assert files["manifest.json"][0].decode() == tree.manifest()
+        assert hashes == {p: f.sha256 for p, f in tree.files.items()}
