@@ -257,6 +257,20 @@ class FakeHost:
             "mount -t cgroup2 cgroup2 /sys/fs/cgroup",
             "mount -t tmpfs -o mode=755 tmpfs /run",
             f"mkdir -p /run/sshd /run/systemd/system /run/user/{self.uid} /run/lock",
+            # What a booted host's /run/systemd has and this fresh /run lacks, which units with
+            # mount namespaces (the PrivateUsers= sandbox of user scope) need, else they fail with
+            # status 226/NAMESPACE: unit-root, the mount point systemd 252 builds a unit's
+            # namespace on (src/core/namespace.c, setup_namespace; made by the first such unit, as
+            # root: a user manager's unit cannot create it), and the inaccessible nodes that PID 1
+            # makes at boot (src/shared/mount-setup.c, make_inaccessible_nodes) and that a root
+            # manager bind-mounts over what ProtectKernelTunables=/Logs= hide.
+            "mkdir -m 0700 /run/systemd/unit-root",
+            "mkdir -m 0755 /run/systemd/inaccessible",
+            "mkdir -m 0000 /run/systemd/inaccessible/dir",
+            "install -m 0000 /dev/null /run/systemd/inaccessible/reg",
+            "mkfifo -m 0000 /run/systemd/inaccessible/fifo",
+            "mknod -m 0000 /run/systemd/inaccessible/chr c 0 0",
+            "mknod -m 0000 /run/systemd/inaccessible/blk b 0 0",
             *self._unprivileged_setup(),
             *binds,
             *self._unprivileged_identity(),
