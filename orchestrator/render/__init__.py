@@ -240,8 +240,11 @@ def _sandbox(dep: Deployment, role: str, *, gpus: bool) -> dict[str, object]:
     devices = (_GPU_DEVICES + (_RDMA_DEVICES if dep.rdma else ())) if gpus else ()
     return {
         "service_user": unit_value(dep.service_user, "host.service_user"),
-        # read-only rather than hidden when the engine, the checkpoint or the root live there
-        "protect_home": "read-only" if ro_home else "yes",
+        # read-only rather than hidden when the engine, the checkpoint or the root live there; and
+        # always in user scope, where the user's own Python behind the engine env's venv links
+        # (uv, pyenv: ~/.local/share/uv/python, ~/.pyenv) is as likely to live in its home, which
+        # the profile does not show (hidden, the unit fails with 203/EXEC)
+        "protect_home": "read-only" if ro_home or dep.scope == "user" else "yes",
         "read_write_paths": [unit_path(f"{root}/logs", "host.install_root")],
         "cache_directory": unit_value(f"dsv4-{dep.name}-{role}", "name"),
         "device_allow": list(devices),

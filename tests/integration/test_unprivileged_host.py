@@ -36,6 +36,23 @@ def uids_of_units(e: Env) -> dict[str, int]:
     return out
 
 
+def assert_sandboxed(e: Env) -> None:
+    """Each unit's main process runs in a user namespace of its own (PrivateUsers=yes), mapping only
+    uid 1500, with a read-only root (ProtectSystem=strict) and only the logs writable: the
+    sandbox the user manager really applied, not only what the unit file asks for."""
+    manager_ns = e.fake.exec("readlink /proc/self/ns/user").stdout.strip()
+    for unit in UNITS:
+        pid = e.fake.systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip()
+        ns = e.fake.exec(f"readlink /proc/{pid}/ns/user").stdout.strip()
+        assert ns.startswith("user:[") and ns != manager_ns, (unit, ns, manager_ns)
+        assert e.fake.exec(f"cat /proc/{pid}/uid_map").stdout.split() == ["1500", "1500", "1"]
+        mounts = {f[4]: f[5].split(",") for f in (line.split() for line in e.fake.exec(
+            f"cat /proc/{pid}/mountinfo").stdout.splitlines())}
+        assert "ro" in mounts["/"], (unit, mounts["/"])
+        assert "ro" in mounts[f"/home/{USER}"], (unit, mounts[f"/home/{USER}"])  # ProtectHome
+        assert "rw" in mounts[f"{ROOT}/logs"], (unit, sorted(mounts))
+
+
 def test_apply_health_and_rollbacks_as_an_unprivileged_user(
         env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     fake = env.fake
@@ -48,6 +65,7 @@ def test_apply_health_and_rollbacks_as_an_unprivileged_user(
     r1 = first_release(env)  # apply + health + smoke through the router
     assert env.serves()
     assert set(uids_of_units(env).values()) == {1500}
+    assert_sandboxed(env)
     # nothing dsv4ctl wrote under the install root belongs to root
     assert fake.exec(f"find {ROOT} -uid 0 | head -5").stdout == ""
 

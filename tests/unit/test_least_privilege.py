@@ -47,13 +47,25 @@ def test_system_units_run_as_the_service_user_in_a_sandbox(path: Path) -> None:
         assert ("PrivateDevices=yes" in lines) == (not gpu), name
 
 
-def test_user_scope_units_ask_only_what_needs_no_privilege() -> None:
-    _, _, tree = render_path(shipped_profiles()[0], scope="user")
-    for p, f in tree.files.items():
-        if p.startswith("units/"):
-            lines = _unit_lines(f.content)
-            assert "NoNewPrivileges=yes" in lines
-            assert not [line for line in lines if line.startswith(("User=", "ProtectSystem="))]
+def test_user_scope_units_sandbox_in_their_own_user_namespace() -> None:
+    """A user manager applies the mount-namespace and seccomp settings only under PrivateUsers=yes,
+    and cannot apply User=, ProtectControlGroups=, ProtectProc=, ProcSubset= or the BPF device
+    filter: those are not rendered (a setting it cannot apply would only fake the score)."""
+    _, dep, tree = render_path(shipped_profiles()[0], scope="user")
+    units = {p: f.content for p, f in tree.files.items() if p.startswith("units/")}
+    assert units
+    for name, text in units.items():
+        lines = _unit_lines(text)
+        for want in ("PrivateUsers=yes", "NoNewPrivileges=yes", "CapabilityBoundingSet=",
+                     "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes",
+                     f"ReadWritePaths={dep.install_root}/logs", "RestrictNamespaces=yes",
+                     "SystemCallArchitectures=native"):
+            assert want in lines, (name, want)
+        assert not [line for line in lines if line.startswith((
+            "User=", "Group=", "ProtectControlGroups=", "ProtectProc=", "ProcSubset=",
+            "DevicePolicy=", "DeviceAllow=", "MemoryDenyWriteExecute="))], name
+        # a fresh /dev would hide the GPUs from the engines
+        assert ("PrivateDevices=yes" in lines) == ("router" in name), name
 
 
 def _plan(tmp_path: Path, trust: bool | None):
