@@ -97,6 +97,9 @@ class Facts(_Frozen):
         default_factory=dict,
         description="path -> roles that restart when it changes (from the current manifest; only "
                     "files with roles)")
+    latest_release: str | None = Field(
+        default=None, description="the newest release on the host, whatever its outcome: a plan "
+        "made after a failed attempt differs from one made before it (issue 20 #8)")
 
     def fingerprint(self) -> str:
         """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.
@@ -109,6 +112,8 @@ class Facts(_Frozen):
         data = self.model_dump(mode="json")
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had
+        if data["latest_release"] is None:  # fingerprints of facts without it stay as they were
+            del data["latest_release"]
         for disk in data["disks"]:
             del disk["free_bytes"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -27,25 +27,46 @@ def _connect(host_name: str, host: Host) -> Any:
     return connect(host_name, host)
 
 
+def probe_for_apply(host_name: str, host: Host, model_path: str) -> tuple[Any, Any]:
+    """(open connection, facts) for ``dsv4ctl apply PROFILE``: the probe's connection is kept for
+    the apply that follows (one SSH handshake, not two: issue 20 #10). Pass it to
+    :func:`apply_plan`, which closes it; close it yourself if you do not apply."""
+    from orchestrator.remote.probes import collect_facts
+
+    remote = _connect(host_name, host)
+    try:
+        return remote, collect_facts(remote, host_name, host, model_paths=[model_path])
+    except BaseException:
+        remote.close()
+        raise
+
+
 def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str,
-               saved: bool) -> Any:
+               saved: bool, remote: Any = None) -> Any:
     """Apply ``plan`` to the host. ``saved``: the plan came from a file, so it is checked for
-    staleness against freshly probed facts (a plan made seconds ago in-process is not)."""
+    staleness against freshly probed facts (a plan made seconds ago in-process is not).
+    ``remote``: an open connection to use (and close), e.g. from :func:`probe_for_apply`."""
     from orchestrator.apply.executor import Runner
     from orchestrator.apply.steps import Context, profile_from_plan
 
-    if plan.host != host_name:
-        raise DsvError(f"the plan is for host '{plan.host}', not '{host_name}'",
-                       fix=f"apply it to its own host: --host {plan.host}")
-    dep = plan.deployment
-    if (dep.install_root, dep.scope) != (host.install_root, host.scope):
-        raise DsvError(f"the plan targets {dep.install_root} (scope {dep.scope}) but the inventory "
-                       f"now says {host.install_root} (scope {host.scope}) for host '{host_name}'",
-                       fix=f"re-plan: dsv4ctl plan --host {host_name} --live -o PLAN.json")
-    profile = profile_from_plan(plan)
-    if saved:
-        check_rederived(plan, profile, host_name, host)
-    remote = _connect(host_name, host)
+    try:
+        if plan.host != host_name:
+            raise DsvError(f"the plan is for host '{plan.host}', not '{host_name}'",
+                           fix=f"apply it to its own host: --host {plan.host}")
+        dep = plan.deployment
+        if (dep.install_root, dep.scope) != (host.install_root, host.scope):
+            raise DsvError(f"the plan targets {dep.install_root} (scope {dep.scope}) but the "
+                           f"inventory now says {host.install_root} (scope {host.scope}) for host "
+                           f"'{host_name}'", fix=f"re-plan: dsv4ctl plan --host {host_name} "
+                                                 "--live -o PLAN.json")
+        profile = profile_from_plan(plan)
+        if saved:
+            check_rederived(plan, profile, host_name, host)
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
+    remote = remote if remote is not None else _connect(host_name, host)
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
                       now=Runner(out).now, command=command)
@@ -204,14 +225,22 @@ def qualification_line(q: dict[str, Any]) -> str:
 
 def history(host_name: str, host: Host) -> list[HistoryRow]:
     from orchestrator.release.store import ReleaseStore
+    from orchestrator.remote.lock import is_locked
 
     with _connect(host_name, host) as remote:
         store = ReleaseStore(remote, host.install_root)
         records, current = store.read_records(), store.current()
+        locked = is_locked(remote, host.install_root)
     rows = []
     for r in records:
         failed = next((e.step + (f": {e.error}" if e.error else "") for e in r.journal
                        if e.result in ("failed", "interrupted")), None)
+        if r.status == "applying" and not locked:
+            # no run holds the lock, so none is applying it: its run was lost (the next apply
+            # or rollback marks it interrupted on the host)
+            r = r.model_copy(update={"status": "interrupted"})
+            failed = failed or next((f"{e.step}: its run was lost" for e in r.journal
+                                     if e.result == "running"), "its run was lost")
         rows.append(HistoryRow(
             id=r.id, created=r.created, status=r.status, reason=r.reason, current=r.id == current,
             restarted=r.restarted_roles, failed_step=failed,
@@ -245,6 +274,9 @@ class StatusReport:
     pool_drift: list[str] = field(default_factory=list)  # live KV pool vs the plan's (issue 22)
     deployment: str | None = None  # the current release's deployment name
     metrics: list[Any] = field(default_factory=list)  # ReleaseMetrics from the host's records
+    # what systemd says about each role's unit right now: role, unit, active/sub state, main pid,
+    # restarts (NRestarts), so `status` can be checked against the host (issue 20)
+    units: list[dict[str, Any]] = field(default_factory=list)
 
     def roles_healthy(self) -> dict[str, dict[str, bool]]:
         """deployment -> role -> healthy just now, for ``selfmetrics.status_text``."""
@@ -303,12 +335,21 @@ def status(host_name: str, host: Host) -> StatusReport:
             return rep
         record = next((r for r in records if r.id == current), None)
         rep.current_status = record.status if record else store.read_record(current).status
+        if rep.current_status == "applying" and rep.locked_by is None:
+            rep.current_status = "interrupted"  # its run was lost (see `history`)
         _, dep, _ = load_release(store, current)
         rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
         http = _authed_http(remote, store, dep)
-        report = evaluate(http, dep, svc.show(list(units.values())), {})
+        states = svc.show(list(units.values()))
+        for role, unit in units.items():
+            st = states.get(unit)
+            rep.units.append({"role": role, "unit": unit,
+                              "active": f"{st.active}/{st.sub}" if st else "unknown",
+                              "pid": st.main_pid if st else 0,
+                              "restarts": st.restarts if st else 0})
+        report = evaluate(http, dep, states, {})
         by_role: dict[str, list[Any]] = {}
         for r in report.results:
             by_role.setdefault(r.subject, []).append(r)

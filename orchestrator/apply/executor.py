@@ -20,9 +20,10 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from orchestrator.apply.playbook import Playbook, load_playbook
-from orchestrator.apply.steps import ACTIONS, Context, role_units
+from orchestrator.apply.steps import ACTIONS, Context, Outcome, reconcile, role_units
 from orchestrator.errors import ApplyFailed, DsvError, Interrupted, RemoteError
 from orchestrator.release.record import ReleaseRecord, rollback_target, utcnow
 
@@ -75,39 +76,53 @@ def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None 
     rec = ctx.record
     for i, step in enumerate(pb.steps[start:end], start=start):
         name = ctx.journal_prefix + step.name
-        if step.when is not None:
-            ok, why = ctx.condition(step.when)
-            if not ok:
-                if rec is not None:
-                    rec.finish(rec.begin(name, ctx.now()), "skipped", ctx.now(), detail=why)
-                ctx.out(f"[{i + 1}/{n}] {name}: skipped ({why})")
-                ctx.save_record()
-                continue
-        ctx.out(f"[{i + 1}/{n}] {name}: {step.description}")
-        entry = rec.begin(name, ctx.now()) if rec is not None else None
-        ctx.save_record()
+        entry = None
+        outcome: Outcome | None = None
+        # The journal write is part of the step (issue 20 #1): a record that cannot be written -
+        # dropped connection, full disk - fails the step like its own work failing would, so a
+        # failure right after the switch still ends in a rollback, never in a half-switched host
+        # whose journal stops at "switch: running".
         try:
+            if step.when is not None:
+                ok, why = ctx.condition(step.when)
+                if not ok:
+                    if rec is not None:
+                        entry = rec.begin(name, ctx.now())
+                        rec.finish(entry, "skipped", ctx.now(), detail=why)
+                    ctx.out(f"[{i + 1}/{n}] {name}: skipped ({why})")
+                    outcome = Outcome(result="skipped", detail=why)
+                    ctx.save_record()
+                    continue
+            ctx.out(f"[{i + 1}/{n}] {name}: {step.description}")
+            entry = rec.begin(name, ctx.now()) if rec is not None else None
+            ctx.save_record()
             outcome = ACTIONS[step.action](ctx, step)
+            if rec is not None and entry is not None:
+                rec.finish(entry, "ok" if outcome.result == "ok" else "skipped", ctx.now(),
+                           detail=outcome.detail)
+            if outcome.detail:
+                ctx.out(f"  {outcome.detail}")
+            ctx.save_record()
         except (Exception, KeyboardInterrupt) as exc:
             # Any exception, not only ours: an unexpected error after the switch must still end
             # in a rollback and a journaled terminal state, never a half-switched host.
             interrupted = isinstance(exc, KeyboardInterrupt)
-            if rec is not None and entry is not None:
+            error = "interrupted (Ctrl-C)" if interrupted else _msg(exc)
+            if outcome is not None and not interrupted:
+                error = (f"the step's work was done ({outcome.detail or 'ok'}) but its journal "
+                         f"could not be written: {error}")
+            if rec is not None:
+                if entry is None:
+                    entry = rec.begin(name, ctx.now())
                 rec.finish(entry, "interrupted" if interrupted else "failed", ctx.now(),
-                           error="interrupted (Ctrl-C)" if interrupted else _msg(exc))
+                           error=error)
                 for later in pb.steps[i + 1:end]:
                     rec.journal.append(type(entry)(step=ctx.journal_prefix + later.name,
                                                    start=entry.end or "", end=entry.end,
                                                    result="not-run"))
             ctx.out(f"  {'interrupted' if interrupted else 'FAILED'}: "
-                    f"{'Ctrl-C' if interrupted else _msg(exc)}")
+                    f"{'Ctrl-C' if interrupted else error}")
             raise _StepError(step.name, step.on_failure, exc) from exc
-        if rec is not None and entry is not None:
-            rec.finish(entry, "ok" if outcome.result == "ok" else "skipped", ctx.now(),
-                       detail=outcome.detail)
-        if outcome.detail:
-            ctx.out(f"  {outcome.detail}")
-        ctx.save_record()
         if outcome.finish:
             return outcome.finish
     return None
@@ -150,9 +165,12 @@ def _summary(rec: ReleaseRecord | None) -> tuple[list[str], list[str]]:
     return done, not_done
 
 
-def restore(ctx: Context, target: str | None, reason: str) -> tuple[bool, str]:
-    """Bring back ``target`` after a failed or interrupted apply (rollback playbook, own timeout).
-    Returns (restored and healthy, what happened)."""
+def restore(ctx: Context, target: str | None, reason: str, *, prefix: str = "rollback:"
+            ) -> tuple[bool, str]:
+    """Bring back ``target`` after a failed or interrupted apply or rollback (rollback playbook,
+    own timeout), journaled into ``ctx.record`` as ``<prefix><step>``. Returns (restored and
+    healthy, what happened). A failed restore marks ``target`` as no longer healthy (issue 20 #7):
+    its record must not keep offering it as a known-good release."""
     failed_release = ctx.target
     new_deployment = ctx.deployment
     if target is None:
@@ -166,16 +184,43 @@ def restore(ctx: Context, target: str | None, reason: str) -> tuple[bool, str]:
     ctx.out(f"Rolling back to {target} ({reason}); rollback budget {ctx.rollback_timeout_s:.0f}s")
     sub = Context(remote=ctx.remote, host_name=ctx.host_name, host=ctx.host, out=ctx.out,
                   now=ctx.now, command=ctx.command, lock=ctx.lock, record=ctx.record,
-                  persist=ctx.persist, journal_prefix="rollback:", target=target,
+                  persist=ctx.persist, journal_prefix=prefix, target=target,
                   from_release=failed_release if ctx.switched else ctx.from_release,
                   from_files=ctx.target_files, from_deployment=new_deployment,
-                  rollback_timeout_s=ctx.rollback_timeout_s)
+                  rollback_timeout_s=ctx.rollback_timeout_s, journal_strict=False)
     pb = load_playbook("rollback", set(ACTIONS))
     try:
         run_playbook(pb, sub)
     except _StepError as err:
+        why = f"{prefix}{err.step} failed: {_msg(err.cause)}"
+        mark_restore_failed(ctx, target, why)
         return False, f"rollback step {err.step} failed: {_msg(err.cause)}"
+    finally:
+        ctx.journal_error = sub.journal_error or ctx.journal_error
     return True, f"{target} restored and healthy ({sub.health or 'checks pass'})"
+
+
+def mark_restore_failed(ctx: Context, release: str, why: str) -> None:
+    """Record on ``release`` that putting it back failed: a failed event, and a release recorded
+    healthy becomes ``unhealthy`` (an explicit ``dsv4ctl rollback`` to it may still retry it)."""
+    from orchestrator.release.record import Event, stamp
+
+    def change(rec: ReleaseRecord) -> None:
+        if rec.status == "healthy":
+            rec.status = "unhealthy"
+        rec.events.append(Event(time=stamp(ctx.now()), kind="rollback-to", result="failed",
+                                other=ctx.from_release if ctx.from_release != release else None,
+                                detail=why[:500]))
+
+    if ctx.record is not None and ctx.record.id == release:
+        change(ctx.record)
+        return
+    try:
+        rec = ctx.store.read_record(release)
+        change(rec)
+        ctx.store.write_record(rec)
+    except (DsvError, ValueError) as exc:
+        ctx.out(f"  (could not mark {release} as not restored: {exc})")
 
 
 @dataclass
@@ -232,6 +277,7 @@ class Runner:
     def _after_failure(self, ctx: Context, err: _StepError) -> Result:
         rec = ctx.record
         assert rec is not None and ctx.profile is not None
+        ctx.journal_strict = False  # from here on, restoring matters more than the journal
         interrupted = isinstance(err.cause, KeyboardInterrupt)
         host = ctx.host_name
         what = "interrupted (Ctrl-C)" if interrupted else _msg(err.cause)
@@ -268,8 +314,7 @@ class Runner:
             rec.status = "failed"
         else:
             rec.status = "rolled-back" if restored else "rollback-failed"
-        with contextlib.suppress(DsvError):
-            ctx.save_record()
+        unsaved = _save_final(ctx)
         done, not_done = _summary(rec)
         if err.on_failure == "abort":
             msg = (f"{err.step} {what}; nothing serving was changed "
@@ -285,16 +330,20 @@ class Runner:
             recovery = (f"dsv4ctl rollback {target} --host {host}" if target else
                         f"dsv4ctl status --host {host}   # nothing healthy to roll back to")
             status = "interrupted" if interrupted else "rollback-failed"
-        return Result(ctx.target, status, msg, done=done, not_done=not_done, recovery=recovery,
-                      rolled_back_to=target if restored else None)
+        return Result(ctx.target, status, msg + unsaved, done=done, not_done=not_done,
+                      recovery=recovery, rolled_back_to=target if restored else None)
 
     def rollback(self, ctx: Context, target: str) -> Result:
-        """Explicit ``dsv4ctl rollback``: journaled into the target's record as rollback:<step>."""
+        """Explicit ``dsv4ctl rollback``: journaled into the target's record as rollback:<step>.
+        When it fails after changing the host, the last healthy release (other than the target)
+        is put back (journaled as fallback:<step>); when it fails before changing anything, the
+        host is as it was and the result says so (exit 1, not 4: issue 20 #4, #9)."""
         from orchestrator.remote.lock import HostLock
 
         ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
         ctx.lock.acquire()
         try:
+            reconcile(ctx)
             ctx.from_release = ctx.store.current()
             if ctx.from_release is not None:
                 from orchestrator.apply.steps import load_release
@@ -306,30 +355,82 @@ class Runner:
             ctx.record = ctx.store.read_record(target)
             ctx.persist = True
             ctx.journal_prefix = "rollback:"
+            ctx.journal_strict = False
             pb = load_playbook("rollback", set(ACTIONS))
             try:
                 with deferred_sigint(self.out):
                     run_playbook(pb, ctx)
             except _StepError as err:
-                done, not_done = _summary(ctx.record)
-                return Result(target, "rollback-failed",
-                              f"rollback to {target} failed at {err.step}: {_msg(err.cause)}",
-                              done=done, not_done=not_done,
-                              recovery=f"dsv4ctl status --host {ctx.host_name}")
+                return self._rollback_failed(ctx, target, err)
             return Result(target, "healthy", f"Rolled back: {target} is current and healthy.",
                           rolled_back_to=target)
         finally:
             ctx.lock.release()
 
+    def _rollback_failed(self, ctx: Context, target: str, err: _StepError) -> Result:
+        rec = ctx.record
+        assert rec is not None
+        host = ctx.host_name
+        what = f"rollback to {target} failed at {err.step}: {_msg(err.cause)}"
+        changed = bool(ctx.stopped) or ctx.switched or bool(ctx.started)
+        if not changed:
+            # refused before anything was stopped or switched: the host is as it was
+            rec.events.append(_failed_event(ctx, f"refused at {err.step}: {_msg(err.cause)}"))
+            unsaved = _save_final(ctx)
+            done, not_done = _summary(rec)
+            return Result(target, "failed", f"{what}; nothing was changed "
+                          f"({ctx.from_release or 'no release'} is still current)" + unsaved,
+                          done=done, not_done=not_done,
+                          recovery=f"dsv4ctl history --host {host}   # pick another release")
+        if isinstance(err.cause, RemoteError) and not _reconnect(ctx):
+            done, not_done = _summary(rec)
+            return Result(target, "rollback-failed", f"{what}; the host could not be reached "
+                          f"again, so the journal was saved here: {_save_local(rec)}",
+                          done=done, not_done=not_done, recovery=f"dsv4ctl status --host {host}")
+        mark_restore_failed(ctx, target, f"rollback:{err.step} failed: {_msg(err.cause)}")
+        fallback = rollback_target(ctx.store.read_records(), ctx.from_release, failed=target)
+        restored, how = False, "no other healthy release to fall back to"
+        if fallback is not None:
+            with deferred_sigint(self.out):
+                restored, how = restore(ctx, fallback, what, prefix="fallback:")
+        unsaved = _save_final(ctx)
+        done, not_done = _summary(rec)
+        if restored:
+            return Result(target, "rolled-back", f"{what}; fell back to {fallback}: {how}"
+                          + unsaved, done=done, not_done=not_done, rolled_back_to=fallback,
+                          recovery=f"dsv4ctl history --host {host}   # {target} is not usable")
+        return Result(target, "rollback-failed", f"{what}; falling back failed too: {how}"
+                      + unsaved, done=done, not_done=not_done,
+                      recovery=(f"dsv4ctl rollback {fallback} --host {host}" if fallback
+                                else f"dsv4ctl status --host {host}"))
+
+
+def _failed_event(ctx: Context, detail: str) -> Any:
+    from orchestrator.release.record import Event, stamp
+
+    return Event(time=stamp(ctx.now()), kind="rollback-to", result="failed",
+                 other=ctx.from_release, detail=detail[:500])
+
+
+def _save_final(ctx: Context) -> str:
+    """Write the record once more at the end; if the host cannot take it, keep it on the
+    controller. Returns text for the result message ("" when saved on the host)."""
+    try:
+        ctx.store.write_record(ctx.record) if ctx.persist and ctx.record else None
+        ctx.journal_error = None
+        return ""
+    except DsvError as exc:
+        local = _save_local(ctx.record) if ctx.record else "-"
+        return (f" (the record could not be written on the host: {exc.message}; "
+                f"saved here: {local})")
+
 
 def _save_local(rec: ReleaseRecord) -> str:
-    """Last resort when the host is unreachable: keep the journal on the controller
-    ($XDG_STATE_HOME/dsv4ctl/records/<host>/<id>.json)."""
-    import os
-    from pathlib import Path
+    """Last resort when the host cannot take the record (unreachable, disk full): keep the journal
+    on the controller; the next apply or rollback puts it on the host (:func:`.steps.reconcile`)."""
+    from orchestrator.apply.steps import local_record_path
 
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    path = base / "dsv4ctl" / "records" / rec.host / f"{rec.id}.json"
+    path = local_record_path(rec.host, rec.id)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(rec.to_json(), encoding="utf-8")
@@ -357,4 +458,4 @@ def raise_for(result: Result) -> None:
                       fix=result.recovery)
 
 
-__all__ = ["Result", "Runner", "raise_for", "restore", "run_playbook"]
+__all__ = ["Result", "Runner", "raise_for", "reconcile", "restore", "run_playbook"]

@@ -108,6 +108,11 @@ class Context:
     rollback_timeout_s: float = 1800.0
     health: str = ""
     records: list[ReleaseRecord] = field(default_factory=list)
+    # apply's forward steps fail when their journal cannot be written (issue 20 #1); a rollback
+    # carries on without it (putting a release back matters more than its journal), keeps the
+    # record in memory and says so
+    journal_strict: bool = True
+    journal_error: str | None = None
 
     @property
     def roles_to_restart(self) -> set[str]:
@@ -133,8 +138,17 @@ class Context:
         return float(self.profile.health.startup_timeout_s)
 
     def save_record(self) -> None:
-        if self.persist and self.record is not None:
+        if not self.persist or self.record is None:
+            return
+        try:
             self.store.write_record(self.record)
+            self.journal_error = None
+        except DsvError as exc:
+            if self.journal_strict:
+                raise
+            if self.journal_error is None:
+                self.out(f"  (the journal could not be written, carrying on: {exc.message})")
+            self.journal_error = exc.message
 
 
 # ------------------------------------------------------------------------------------ loading ---
@@ -144,10 +158,10 @@ def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, Releas
     """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
     from orchestrator.profile.loader import load_text
 
-    files = release_from_manifest(store.manifest_doc(release_id))
-    plan = Plan.model_validate_json(store.read_file(release_id, PLAN))
-    profile = load_text(Profile, store.read_file(release_id, "profile.yaml"),
-                        f"{release_id}/profile.yaml")
+    text = store.read_files(release_id, [MANIFEST, PLAN, "profile.yaml"])
+    files = release_from_manifest(json.loads(text[MANIFEST]))
+    plan = Plan.model_validate_json(text[PLAN])
+    profile = load_text(Profile, text["profile.yaml"], f"{release_id}/profile.yaml")
     return files, plan.deployment, profile
 
 
@@ -318,6 +332,11 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                        fix="fix the profile (see `dsv4ctl plan`); nothing was changed")
     ctx.secrets = resolve_secrets(ctx.profile)
     ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan)
+    # the lock first (issue 20 #9): a concurrent run must be told "locked" (exit 5), not that
+    # the plan it holds went stale because the other run is changing the host
+    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
+    ctx.lock.acquire()
+    ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
     if ctx.saved_plan:
         ctx.out("  probing the host to check the saved plan is still current")
         facts = collect_facts(ctx.remote, ctx.host_name, ctx.host,
@@ -329,18 +348,14 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                 _refuse_if_applied(ctx, plan)
             raise StalePlan(f"saved plan is stale: {why}",
                             fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live -o PLAN.json")
-    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
-    ctx.lock.acquire()
-    ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
-    ctx.store.ensure_layout()
-    ctx.store.clean_temp()
+    ctx.store.ensure_layout(clean=True)
     service_user_note = ensure_service_user(ctx)
     current = ctx.store.current()
     if current != plan.current_release:  # changed between planning/probing and the lock
         raise StalePlan(f"the host's current release is {current or 'none'}, the plan was made "
                         f"against {plan.current_release or 'none'}",
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
-    ctx.records = ctx.store.read_records()
+    ctx.records = reconcile(ctx, ctx.store.read_records(), current)
     if ctx.saved_plan:
         _refuse_if_applied(ctx, plan, ctx.records)
     ctx.from_release = current
@@ -355,9 +370,17 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                         f"{summarize_actions(plan.actions)!r}, the host now needs "
                         f"{summarize_actions(ctx.actions)!r}",
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
-    if not ctx.actions:
+    cur_rec = next((r for r in ctx.records if r.id == current), None)
+    current_healthy = cur_rec is not None and cur_rec.status == "healthy"
+    if not ctx.actions and (current is None or current_healthy):
         return Outcome(finish="No changes.", detail="release files identical, all units running")
     note = f"{service_user_note}; " if service_user_note else ""
+    if current is not None and not current_healthy:
+        # a release switched to but never proven healthy (its run was lost, or its restore
+        # failed): the same files are proven healthy again as a new release (issue 20 #7)
+        note += (f"current release {current} is recorded "
+                 f"{cur_rec.status if cur_rec else 'without a record'}, so it is proven healthy "
+                 "again as a new release; ")
     return Outcome(detail=note + _describe(ctx.actions))
 
 
@@ -380,6 +403,75 @@ def _describe(actions: list[Action]) -> str:
     return "; ".join(parts)
 
 
+def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
+              current: str | None = None) -> list[ReleaseRecord]:
+    """At the start of every apply and rollback, under the lock: a record still "applying" was
+    left by a run that was lost (killed, or its host connection dropped for good), since no other
+    run can hold the lock. Mark it interrupted with what is known - the step it was in, whether
+    ``current`` points at it - so the journal never stays "applying" (issue 20 #7). ``records``
+    and ``current``: as just read under the lock (read here when not given). Returns the records
+    as they are now on the host."""
+    if records is None:
+        current, records = ctx.store.current(), ctx.store.read_records()
+    out = []
+    for rec in records:
+        out.append(rec)
+        if rec.status != "applying":
+            continue
+        t = stamp(ctx.now())
+        saved = _local_record(rec.host, rec.id)
+        if saved is not None and saved.status != "applying":
+            # the run was not lost: it finished, but the host could not take its record
+            saved.events.append(Event(time=t, kind="reconciled", detail=(
+                "the outcome was kept on the controller (the host could not take the record "
+                "then) and put back here by a later run")))
+            try:
+                ctx.store.write_record(saved)
+            except DsvError as exc:
+                ctx.out(f"  (could not put the saved record of {rec.id} back: {exc.message})")
+                continue
+            local_record_path(rec.host, rec.id).unlink(missing_ok=True)
+            ctx.out(f"  {rec.id}: its record ({saved.status}) was put back from the controller")
+            out[-1] = saved
+            continue
+        running = [e.step for e in rec.journal if e.result == "running"]
+        for e in rec.journal:
+            if e.result == "running":
+                e.result, e.end = "interrupted", t
+                e.error = "the run doing this step was lost (dsv4ctl killed or the host unreachable)"
+        last = running[-1] if running else (rec.journal[-1].step if rec.journal else "none")
+        serving = ("current points at it (it was switched to but never proven healthy)"
+                   if current == rec.id else f"current is {current or 'none'}")
+        rec.status = "interrupted"
+        rec.events.append(Event(time=t, kind="reconciled", result="failed",
+                                detail=f"found 'applying' with no run holding the lock; last "
+                                       f"step {last}; {serving}"))
+        try:
+            ctx.store.write_record(rec)
+        except DsvError as exc:
+            ctx.out(f"  (could not mark {rec.id} as interrupted: {exc.message})")
+            continue
+        ctx.out(f"  {rec.id}: marked interrupted (its run was lost at step {last}; {serving})")
+    return out
+
+
+def local_record_path(host: str, release_id: str) -> Path:
+    """$XDG_STATE_HOME/dsv4ctl/records/<host>/<id>.json: where a record the host could not take
+    waits for the next run."""
+    import os
+
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "dsv4ctl" / "records" / host / f"{release_id}.json"
+
+
+def _local_record(host: str, release_id: str) -> ReleaseRecord | None:
+    try:
+        return ReleaseRecord.model_validate_json(
+            local_record_path(host, release_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def rollback_preflight(ctx: Context, step: Any) -> Outcome:
     assert ctx.target is not None
     for rel in (MANIFEST, PLAN, "profile.yaml"):
@@ -392,7 +484,37 @@ def rollback_preflight(ctx: Context, step: Any) -> Outcome:
     if missing:
         raise StepFailed(f"release {ctx.target} lacks {', '.join(missing)}")
     ctx.actions = _transition(ctx)
+    sick = unhealthy_running_roles(ctx)
+    units = role_units(ctx.deployment)
+    ctx.actions = ctx.actions + [
+        Action(kind="restart", target=units[role], roles=[role], downtime="minutes"
+               if role != "router" else "seconds", reason=f"runs but is unhealthy ({why})")
+        for role, why in sick.items()]
     return Outcome(detail=f"{ctx.from_release or 'none'} -> {ctx.target}: {_describe(ctx.actions)}")
+
+
+def unhealthy_running_roles(ctx: Context) -> dict[str, str]:
+    """Roles of the target that run, that the transition leaves alone, and that fail their health
+    checks right now: a restore must restart them, or recovering from a failed restore only ever
+    re-verifies the same broken processes (issue 20 #4). The router is restarted only when every
+    engine is healthy (a router whose workers are down recovers with them)."""
+    from orchestrator.health import evaluate
+
+    assert ctx.deployment is not None
+    restarting = ctx.roles_to_restart
+    units = {r: u for r, u in role_units(ctx.deployment).items() if r not in restarting}
+    states = ctx.svc.show(list(role_units(ctx.deployment).values()))
+    running = {r: u for r, u in units.items() if states.get(u) and states[u].running}
+    if not running:
+        return {}
+    report = evaluate(engine_http(ctx), ctx.deployment, states, {}, timeout=5.0)
+    bad: dict[str, str] = {}
+    for res in report.failing():
+        if res.subject in running and res.check != "unit":
+            bad.setdefault(res.subject, f"{res.check}: {res.message}")
+    if any(r != "router" for r in bad) or any(r != "router" for r in restarting):
+        bad.pop("router", None)
+    return bad
 
 
 # ----------------------------------------------------------------------------- upload/kernels ---
@@ -520,6 +642,7 @@ def start_units(ctx: Context, step: Any) -> Outcome:
 
 def wait_healthy(ctx: Context, step: Any) -> Outcome:
     from orchestrator.health import wait_healthy as wait
+    from orchestrator.health import watch_stable
 
     assert ctx.deployment is not None and ctx.profile is not None
     units = list(role_units(ctx.deployment).values())
@@ -536,7 +659,33 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
     if not report.ok:
         raise StepFailed(f"not healthy after {report.elapsed_s:.0f}s: {report.summary()}",
                          fix=f"see the engine logs in {ctx.host.install_root}/logs/ on the host")
-    return Outcome(detail=f"healthy after {report.elapsed_s:.0f}s")
+    healthy_after = report.elapsed_s
+    window = stability_window_s(ctx)
+    if window > 0:
+        stable = watch_stable(engine_http(ctx), ctx.deployment, lambda: ctx.svc.show(units),
+                              window_s=window, poll_s=poll, baseline_restarts=baseline,
+                              progress=ctx.out)
+        if not stable.ok:
+            ctx.health = stable.summary()
+            raise StepFailed(f"healthy after {healthy_after:.0f}s, then failed "
+                             f"{stable.elapsed_s:.0f}s into the {window:g}s stability window: "
+                             f"{stable.summary()}",
+                             fix=f"see the engine logs in {ctx.host.install_root}/logs/ on the "
+                                 "host (health.stability_window_s sets the window)")
+    return Outcome(detail=f"healthy after {healthy_after:.0f}s"
+                   + (f", stable for {window:g}s" if window > 0 else ""))
+
+
+def stability_window_s(ctx: Context) -> float:
+    """``health.stability_window_s``, or the router's own time to drop a dead worker."""
+    from orchestrator.catalog import load_catalog
+    from orchestrator.health import default_stability_window_s
+
+    assert ctx.profile is not None and ctx.deployment is not None
+    if ctx.profile.health.stability_window_s is not None:
+        return float(ctx.profile.health.stability_window_s)
+    rules = load_catalog().router("sglang-router", ctx.deployment.router_version)
+    return default_stability_window_s(rules.defaults)
 
 
 def engine_http(ctx: Context) -> Callable[..., Any]:
@@ -641,4 +790,4 @@ ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
 }
 
 
-__all__ = ["ACTIONS", "Context", "Outcome", "RemoteError", "StepFailed"]
+__all__ = ["ACTIONS", "Context", "Outcome", "RemoteError", "StepFailed", "reconcile"]

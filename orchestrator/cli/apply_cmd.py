@@ -103,6 +103,12 @@ def _confirm(what: str, question: str) -> None:
                        fix="answer y, or pass --yes in scripts")
 
 
+def _confirm_apply(plan: Any, name: str, yes: bool) -> None:
+    if plan.actions and not yes:
+        restarts = f"; restarts {', '.join(plan.restarts)} (model reload)" if plan.restarts else ""
+        _confirm("apply", f"Apply {plan.profile_name} to host '{name}'{restarts}?")
+
+
 def _print_result(res: Any) -> None:
     from orchestrator.apply.executor import raise_for
 
@@ -154,6 +160,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     fleet = _fleet_source(path, inventory, host_name)
     if fleet is not None:
         return _apply_fleet(*fleet, yes=yes)
+    remote = None  # the probe's connection, reused by the apply (closed by apply_plan)
     if _is_plan_file(path):
         from orchestrator.planner.build import load_plan
 
@@ -161,26 +168,31 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
         name, host = resolve_host(None, inventory, host_name or plan.host)
         saved = True
     else:
+        from orchestrator.apply import probe_for_apply
         from orchestrator.planner.build import load_context, plan_from_paths
-        from orchestrator.remote import gather_facts
 
         ctx = load_context(path, inventory, host_override=host_name)
         name, host = ctx.host_name, ctx.host
         _echo(f"Probing host '{name}' ({host.address})...")
-        facts = gather_facts(name, host, model_paths=[ctx.profile.model.path])
-        plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)
+        remote, facts = probe_for_apply(name, host, ctx.profile.model.path)
         saved = False
-        from orchestrator.planner.report import render_text
+        try:
+            plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)
+            from orchestrator.planner.report import render_text
 
-        echo(render_text(plan), nl=False)  # what is about to happen, as `plan` shows it
-        if plan.errors:
-            raise DsvError("the plan has errors; nothing was applied",
-                           fix="fix the profile; `dsv4ctl plan` shows the checks")
-    if plan.actions and not yes:
-        restarts = f"; restarts {', '.join(plan.restarts)} (model reload)" if plan.restarts else ""
-        _confirm("apply", f"Apply {plan.profile_name} to host '{name}'{restarts}?")
+            echo(render_text(plan), nl=False)  # what is about to happen, as `plan` shows it
+            if plan.errors:
+                raise DsvError("the plan has errors; nothing was applied",
+                               fix="fix the profile; `dsv4ctl plan` shows the checks")
+            _confirm_apply(plan, name, yes)
+        except BaseException:
+            remote.close()
+            raise
+    if remote is None:
+        _confirm_apply(plan, name, yes)
     _echo(f"Applying {plan.profile_name} to {name} (scope {host.scope}, root {host.install_root})")
-    res = apply_plan(plan, name, host, out=_echo, command=_command_line(), saved=saved)
+    res = apply_plan(plan, name, host, out=_echo, command=_command_line(), saved=saved,
+                     remote=remote)
     _print_result(res)
     return 0
 
@@ -386,6 +398,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
             "current_status": rep.current_status, "locked_by": rep.locked_by,
             "healthy": rep.healthy,
             "roles": [{"role": r, "ok": ok, "message": m} for r, ok, m in rep.roles],
+            "units": rep.units,
             "file_drift": rep.file_drift, "profile_drift": rep.profile_drift,
             "pool_drift": rep.pool_drift}, indent=2))
         return code
@@ -393,8 +406,12 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
           + (f" ({rep.current_status})" if rep.current_status else ""))
     if rep.locked_by:
         _echo(f"  locked by {rep.locked_by}")
+    pids = {u["role"]: u for u in rep.units}
     for role, ok, msg in rep.roles:
-        _echo(f"  {'✓' if ok else '✗'} {role}: {msg}")
+        u = pids.get(role)
+        unit = (f" [{u['unit']} {u['active']} pid {u['pid']}, {u['restarts']} restarts]"
+                if u else "")
+        _echo(f"  {'✓' if ok else '✗'} {role}: {msg}{unit}")
     for d in rep.file_drift:
         _echo(f"  drift (files): {d}")
     for d in rep.profile_drift:

@@ -216,6 +216,32 @@ def wait_healthy(http: Http, dep: Deployment, unit_states: Callable[[], dict[str
         sleep(min(poll_s, max(0.0, timeout_s - report.elapsed_s)))
 
 
+def watch_stable(http: Http, dep: Deployment, unit_states: Callable[[], dict[str, Any]], *,
+                 window_s: float, poll_s: float, baseline_restarts: dict[str, int],
+                 progress: Callable[[str], None] = lambda s: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> HealthReport:
+    """The stability window after the checks first pass (issue 20 #2): keep evaluating every
+    ``poll_s`` for ``window_s``; the first round with a crashed or restarted unit or a failing
+    check ends it (``report.ok`` false). A crash seconds after "healthy" is a failure, not a
+    healthy release with a dead engine."""
+    start = clock()
+    progress(f"  stability window: watching {window_s:g}s for crashes and failing checks")
+    while True:
+        report = evaluate(http, dep, unit_states(), baseline_restarts)
+        report.elapsed_s = clock() - start
+        if not report.ok or report.elapsed_s >= window_s:
+            return report
+        sleep(min(poll_s, max(0.0, window_s - report.elapsed_s)))
+
+
+def default_stability_window_s(router_defaults: dict[str, Any]) -> float:
+    """The router's health-check interval x failure threshold (catalog values, with sources)."""
+    interval = float(router_defaults["health_check_interval_secs"].value)
+    threshold = float(router_defaults["health_failure_threshold"].value)
+    return interval * threshold
+
+
 @dataclass(frozen=True)
 class SmokeResult:
     ok: bool

@@ -289,6 +289,13 @@ class Health(_Strict):
         default=1800, ge=10, le=86400, description="How long an engine may take to become ready."
     )
     poll_interval_s: float = Field(default=5.0, gt=0, le=300)
+    stability_window_s: float | None = Field(
+        default=None, ge=0, le=3600,
+        description="After every check passes, keep watching this long; a crash, restart or "
+        "failing check in the window fails the apply (and rolls back). Default: the router's "
+        "health-check interval x its failure threshold (sglang-router 0.3.2: 60 s x 3 = 180 s, "
+        "research/sglang.md §3), the time the router itself needs to drop a dead worker.",
+    )
     smoke_prompt: Text = "Reply with the single word: ready"
     smoke_max_tokens: int = Field(default=16, ge=1, le=4096)
     qualify: Qualify | None = None

@@ -28,7 +28,8 @@ Status = Literal[
     "failed",  # failed before anything serving changed; the previous release kept serving
     "rolled-back",  # failed after the switch; the previous healthy release was restored
     "rollback-failed",  # failed, and restoring the previous release failed too
-    "interrupted",  # Ctrl-C; see the journal for what was undone
+    "interrupted",  # Ctrl-C, or the run was lost (killed, host unreachable): see the journal
+    "unhealthy",  # was healthy, but a later restore of it failed its checks (see its events)
 ]
 
 
@@ -57,7 +58,7 @@ class Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     time: str
-    kind: Literal["rollback-to", "rolled-back-from", "health"]
+    kind: Literal["rollback-to", "rolled-back-from", "health", "reconciled"]
     other: str | None = None  # the other release involved
     result: Literal["ok", "failed"] = "ok"
     detail: str | None = None

@@ -446,6 +446,7 @@ class RemoteHost:
         (:mod:`orchestrator.remote.hostfs`): only its owner could swap names in it."""
         head, _, name = remote_path.rpartition("/")
         tmp_path = f"{head}/.{name}.{secrets.token_hex(6)}.tmp"
+        short: int | None = None
         try:
             self._refuse_link(remote_path)
             sftp = self._sftp()
@@ -457,14 +458,43 @@ class RemoteHost:
                         if on_progress is not None:
                             on_progress(min(off + chunk, len(data)), len(data))
                     fh.chmod(mode)  # fsetstat on the handle: the umask may have narrowed it
+                # Pipelined writes can lose their error replies (a full disk then passes as a
+                # short file): the temp file must hold every byte before it replaces anything
+                # (issue 20 #3), or a record.json is renamed over by an empty one.
+                size = sftp.stat(tmp_path).st_size
+                if size != len(data):
+                    short = size
+                    raise OSError(f"only {size} of {len(data)} bytes arrived")
                 sftp.posix_rename(tmp_path, remote_path)
             except BaseException:
                 with contextlib.suppress(Exception):
                     sftp.remove(tmp_path)
                 raise
         except (EOFError, OSError, paramiko.SSHException) as exc:
-            raise RemoteError(f"upload of {remote_path} to host '{self.name}' failed: {exc}",
+            if short is not None:
+                raise RemoteError(f"upload of {remote_path} to host '{self.name}' is short: "
+                                  f"{short} of {len(data)} bytes arrived"
+                                  f"{self._space_note(remote_path, len(data))}; nothing was "
+                                  "replaced", fix="free disk space on the host, then re-run") \
+                    from exc
+            raise RemoteError(f"upload of {remote_path} to host '{self.name}' failed: {exc}"
+                              f"{self._space_note(remote_path, len(data))}",
                               fix="check the network and free disk space on the host") from exc
+
+    def _space_note(self, remote_path: str, need: int) -> str:
+        """"; the disk is full (N KiB free ...)" when that explains a failed write, else ""."""
+        import shlex
+
+        parent = remote_path.rsplit("/", 1)[0] or "/"
+        try:
+            res = self.run(f"df -Pk {shlex.quote(parent)} | tail -n 1", timeout=15)
+            free_kib = int(res.stdout.split()[3]) if res.ok else None
+        except (RemoteError, ValueError, IndexError):
+            return ""
+        if free_kib is None or free_kib * 1024 >= need + (1 << 20):
+            return ""
+        return (f"; the disk is full: {free_kib} KiB free under {parent}, the file needs "
+                f"{(need + 1023) // 1024} KiB")
 
     def replace_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         """Atomically replace ``remote_path`` (what :meth:`put_bytes` does for every write)."""

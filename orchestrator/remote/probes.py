@@ -318,16 +318,38 @@ def parse_show(stdout: str) -> dict[str, dict[str, str]]:
 
 # ------------------------------------------------------------------------------ current release ---
 
+LATEST = MARK + "releases"
+_RELEASE_NAME = re.compile(r"^r([0-9]{4,})-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
+
+
 def current_command(install_root: str) -> str:
+    """The ``current`` link, its manifest, then (after a ``==> releases`` line) the names in
+    ``releases/``: the newest of them, whatever its outcome, is a fact a plan depends on."""
     root = shlex.quote(install_root)
     return (
         f"if [ -L {root}/current ]; then printf 'release=%s\\n' \"$(readlink {root}/current)\"; "
-        f"if [ -f {root}/current/manifest.json ]; then cat {root}/current/manifest.json; fi; fi"
+        f"if [ -f {root}/current/manifest.json ]; then cat {root}/current/manifest.json; fi; fi; "
+        f"printf '\\n{LATEST}\\n'; ls -1 {root}/releases 2>/dev/null; true"
     )
+
+
+def _split_latest(stdout: str) -> tuple[str, str | None]:
+    """(the current-release part, the releases listing or None when absent)."""
+    parts = re.split(r"(?m)^" + re.escape(LATEST) + r"$\n?", stdout, maxsplit=1)
+    return parts[0], (parts[1] if len(parts) == 2 else None)
+
+
+def parse_latest(stdout: str) -> str | None:
+    """The newest release directory (by sequence number) listed after the ``==> releases`` line;
+    None when there is none (or the output predates that line)."""
+    listing = _split_latest(stdout)[1] or ""
+    seqs = {n.strip(): m for n in listing.splitlines() if (m := _RELEASE_NAME.match(n.strip()))}
+    return max(seqs, key=lambda n: int(seqs[n].group(1)), default=None)
 
 
 def parse_current(stdout: str) -> tuple[str | None, dict[str, str]]:
     """The current release id (basename of the ``current`` link) and its manifest's file hashes."""
+    stdout = _split_latest(stdout)[0]
     lines = stdout.splitlines()
     if not lines or not lines[0].startswith("release="):
         if stdout.strip():
@@ -364,23 +386,30 @@ def manifest_roles(text: str) -> dict[str, list[str]]:
 
 
 def probe_current(shell: Shell, install_root: str
-                  ) -> tuple[str | None, dict[str, str], dict[str, list[str]]]:
-    """The current release id, its files' hashes and their roles."""
+                  ) -> tuple[str | None, dict[str, str], dict[str, list[str]], str | None]:
+    """The current release id, its files' hashes and their roles, and the newest release on the
+    host (whatever its outcome)."""
     res = shell.run(current_command(install_root), timeout=30)
     if not res.ok:
         raise RemoteError(f"reading the current release failed (exit {res.rc}): {res.stderr[:300]}")
     release, hashes = parse_current(res.stdout)
-    rest = "\n".join(res.stdout.splitlines()[1:]).strip()
-    return release, hashes, manifest_roles(rest) if hashes and rest else {}
+    rest = "\n".join(_split_latest(res.stdout)[0].splitlines()[1:]).strip()
+    return (release, hashes, manifest_roles(rest) if hashes and rest else {},
+            parse_latest(res.stdout))
 
 
 # -------------------------------------------------------------------------------- calibration ---
+
+def calibration_command(install_root: str) -> str:
+    path = f"{install_root.rstrip('/')}/{CALIBRATION_FILE}"
+    return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
 
 def probe_calibration(shell: Shell, install_root: str) -> list[PoolMeasurement]:
     """The host's pool measurements (``<install_root>/calibration.json``, written by apply's
     measure step and by ``dsv4ctl calibrate``); none when the file is absent."""
     path = f"{install_root.rstrip('/')}/{CALIBRATION_FILE}"
-    res = shell.run(f"cat {shlex.quote(path)} 2>/dev/null || true", timeout=30)
+    res = shell.run(calibration_command(install_root), timeout=30)
     if not res.ok:
         raise RemoteError(f"reading {path} failed (exit {res.rc}): {res.stderr[:300]}")
     return parse_calibration(res.stdout, where=f"{path} on the host")
@@ -397,13 +426,66 @@ def probe_paths(host: Host, model_paths: Iterable[str] = ()) -> tuple[list[str],
     return disks, models
 
 
+def batch_command(commands: Sequence[str], token: str) -> str:
+    """One shell command running ``commands`` side by side (each with its own stdout, stderr and
+    exit status, kept in a temp dir), then printing them in order between ``token`` lines: every
+    probe in one SSH round trip (issue 20 #10) instead of one each."""
+    jobs = "".join(f'{{ ( {c}\n) >"$d/{i}.out" 2>"$d/{i}.err" </dev/null; '
+                   f'echo $? >"$d/{i}.rc"; }} &\n' for i, c in enumerate(commands))
+    show = "".join(f"printf '%s out {i}\\n' {token}; cat \"$d/{i}.out\"; "
+                   f"printf '\\n%s err\\n' {token}; cat \"$d/{i}.err\"; "
+                   f"printf '\\n%s rc %s\\n' {token} \"$(cat \"$d/{i}.rc\")\"\n"
+                   for i in range(len(commands)))
+    return f'd=$(mktemp -d) || exit 1\n{jobs}wait\n{show}rm -rf "$d"\n'
+
+
+def parse_batch(stdout: str, commands: Sequence[str], token: str) -> dict[str, CommandResult]:
+    """The per-command results printed by :func:`batch_command`."""
+    out: dict[str, CommandResult] = {}
+    pat = re.compile(rf"(?ms)^{re.escape(token)} out (\d+)\n(.*?)\n{re.escape(token)} err\n"
+                     rf"(.*?)\n{re.escape(token)} rc (\d*)$")
+    for m in pat.finditer(stdout):
+        i = int(m.group(1))
+        if i < len(commands):
+            out[commands[i]] = CommandResult(commands[i], int(m.group(4) or 255),
+                                             m.group(2), m.group(3))
+    missing = [c for c in commands if c not in out]
+    if missing:
+        raise RemoteError(f"the batched probe returned no result for {len(missing)} of "
+                          f"{len(commands)} commands (first: {missing[0][:80]!r})",
+                          fix="run `dsv4ctl probe` to see the host's answers one by one")
+    return out
+
+
+class _Replay:
+    """A Shell answering the batched commands from their recorded results (others go to the
+    real shell), so each probe keeps its own parsing and error messages."""
+
+    def __init__(self, shell: Shell, results: dict[str, CommandResult]) -> None:
+        self.shell, self.results = shell, results
+
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        res = self.results.get(command)
+        return res if res is not None else self.shell.run(command, timeout=timeout)
+
+
 def collect_facts(shell: Shell, host_name: str, host: Host, *,
                   model_paths: Iterable[str] = ()) -> Facts:
-    """Run every probe through ``shell`` and assemble :class:`Facts`."""
+    """Run every probe through ``shell`` in one round trip and assemble :class:`Facts`."""
+    import secrets
+
     disk_paths, models = probe_paths(host, model_paths)
+    commands = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
+                units_command(host.scope), current_command(host.install_root),
+                calibration_command(host.install_root)]
+    token = "@@dsv4-" + secrets.token_hex(8)
+    res = shell.run(batch_command(commands, token), timeout=180)
+    if not res.ok:
+        raise RemoteError(f"probing the host failed (exit {res.rc}): {res.stderr.strip()[:300]}")
+    shell = _Replay(shell, parse_batch(res.stdout, commands, token))
     gpus, driver = probe_gpus(shell)
     variants: dict[str, str | None] = {m.path: m.variant for m in host.models}
-    current, files, roles = probe_current(shell, host.install_root)
+    current, files, roles, latest = probe_current(shell, host.install_root)
     return Facts(
         source="probed",
         host=host_name,
@@ -417,4 +499,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         current_files=files,
         calibration=probe_calibration(shell, host.install_root),
         current_roles=roles,
+        latest_release=latest,
     )

@@ -57,7 +57,7 @@ def profile_dict(name: str = "itest", **over: Any) -> dict[str, Any]:
                      "decode": {"gpus": [4, 5, 6, 7], "tp": 4, "ep": 4},
                      "router": {"port": 8000, "prometheus_port": 29000}},
         "kernels": {"enabled": False},
-        "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3},
+        "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3, "stability_window_s": 1.5},
         "rollout": {"keep_releases": 3, "rollback_timeout_s": 20},
     }
     for k, v in over.items():

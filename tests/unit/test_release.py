@@ -218,3 +218,19 @@ def test_secrets_file_is_private_and_quoted(tmp_path: Path) -> None:
 def test_tarball_is_deterministic() -> None:
     files, _ = tree("--x")
     assert build_tarball(files) == build_tarball(dict(reversed(list(files.items()))))
+
+
+def test_store_reads_several_files_of_a_release_at_once(tmp_path: Path) -> None:
+    """One round trip for the three files preflight needs; contents come back exactly, and a
+    missing file is an error naming the files."""
+    store = ReleaseStore(LocalShell(), str(tmp_path))
+    d = tmp_path / "releases" / "r0001-20260101T000000Z-00000000"
+    d.mkdir(parents=True)
+    (d / "a.json").write_text('{"x": 1}\n')
+    (d / "b.yaml").write_text("no newline at the end")
+    (d / "c").write_text("@@dsv4-fake 1\n\n")
+    got = store.read_files(d.name, ["a.json", "b.yaml", "c"])
+    assert got == {"a.json": '{"x": 1}\n', "b.yaml": "no newline at the end",
+                   "c": "@@dsv4-fake 1\n\n"}
+    with pytest.raises(RemoteError, match=r"reading a\.json, missing"):
+        store.read_files(d.name, ["a.json", "missing"])

@@ -21,8 +21,10 @@ from orchestrator.health import (
     check_router,
     check_units,
     count_workers,
+    default_stability_window_s,
     smoke_generate,
     wait_healthy,
+    watch_stable,
 )
 from orchestrator.profile import load_text
 from orchestrator.profile.inventory import Host
@@ -179,6 +181,39 @@ def test_wait_times_out_and_catches_crash_during_settle() -> None:
     rep = wait_healthy(http_from(healthy_table(d)), d, states, timeout_s=60, poll_s=1,
                        baseline_restarts={}, clock=clock, sleep=clock.sleep, settle_s=2)
     assert not rep.ok and "crashed" in rep.summary()
+
+
+def test_stability_window_catches_a_crash_after_healthy() -> None:
+    """Issue 20 #2: a unit that restarts 3 s after the checks passed fails the window; a stable
+    deployment passes it after the whole window, not before."""
+    d = dep()
+    u = d.roles[1].unit
+    clock = Clock()
+
+    def states() -> dict[str, UnitState]:
+        if clock.t >= 3:
+            return running(d, **{u: UnitState(u, "active", "running", 101, 1, "success",
+                                               "loaded")})
+        return running(d)
+
+    rep = watch_stable(http_from(healthy_table(d)), d, states, window_s=180, poll_s=1,
+                       baseline_restarts={}, clock=clock, sleep=clock.sleep)
+    assert not rep.ok and "crashed" in rep.summary() and 3 <= rep.elapsed_s < 5
+    clock = Clock()
+    rep = watch_stable(http_from(healthy_table(d)), d, lambda: running(d), window_s=10, poll_s=3,
+                       baseline_restarts={}, clock=clock, sleep=clock.sleep)
+    assert rep.ok and rep.elapsed_s >= 10
+
+
+def test_default_stability_window_is_the_routers_own_detection_time() -> None:
+    from orchestrator.catalog import load_catalog
+    from orchestrator.profile.schema import Health
+
+    rules = load_catalog().router("sglang-router", "0.3.2")
+    assert default_stability_window_s(rules.defaults) == 60 * 3  # interval x failure threshold
+    assert Health().stability_window_s is None
+    with pytest.raises(ValueError, match="stability_window_s"):
+        Health(stability_window_s=-1)
 
 
 @pytest.mark.parametrize("resp,ok,text", [

@@ -158,3 +158,35 @@ def test_commands_quote_hostile_paths() -> None:
     cmd = P.disk_command(["/models/x; rm -rf /"])
     assert "'/models/x; rm -rf /'" in cmd
     assert "'/srv/$(reboot)'" in P.current_command("/srv/$(reboot)")
+
+
+def test_newest_release_is_probed_with_current() -> None:
+    """Issue 20 #8: the newest release (a failed attempt included) is a fact, so a plan made after
+    a failed attempt differs from the one made before it; parse_current ignores the listing."""
+    cur = rec("current.json")["stdout"]
+    listing = ("\n" + P.LATEST + "\nr0009-20260101T000000Z-0000000a\n"
+               "r0010-20260101T000000Z-0000000b\n.tmp-x\nr0002-20260101T000000Z-0000000c\n")
+    assert P.parse_current(cur + listing) == P.parse_current(cur)
+    assert P.parse_latest(cur + listing) == "r0010-20260101T000000Z-0000000b"
+    assert P.parse_latest(P.LATEST + "\n") is None and P.parse_latest(cur) is None
+    assert P.parse_current("\n" + P.LATEST + "\n") == (None, {})
+
+
+def test_batched_probe_gives_each_command_its_own_result() -> None:
+    """Issue 20 #10: the probes run in one round trip; each command still gets exactly the
+    stdout, stderr and exit status it would get alone (run here by a local sh)."""
+    import subprocess
+
+    commands = ["echo a; echo b >&2; exit 3", "printf 'no newline'", "true",
+                "cat /nonexistent/x", "printf 'two\\n\\n'", P.model_command([]),
+                "printf '%s\\n' '@@dsv4-x out 9'"]
+    token = "@@dsv4-0123456789abcdef"
+    got = subprocess.run(["sh", "-c", P.batch_command(commands, token)], capture_output=True,
+                         text=True, check=True).stdout
+    results = P.parse_batch(got, commands, token)
+    for c in commands:
+        alone = subprocess.run(["sh", "-c", c], capture_output=True, text=True)
+        r = results[c]
+        assert (r.rc, r.stdout, r.stderr) == (alone.returncode, alone.stdout, alone.stderr), c
+    with pytest.raises(RemoteError, match="no result for 1 of"):
+        P.parse_batch(got, [*commands, "echo never"], token)
