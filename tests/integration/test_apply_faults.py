@@ -42,6 +42,13 @@ def cli_json(env: Env, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[
     return rc, json.loads(capsys.readouterr().out)
 
 
+def said(capsys: pytest.CaptureFixture[str]) -> str:
+    """Everything dsv4ctl printed (the result goes to stdout or stderr depending on its kind),
+    with line folding undone (messages are wrapped to the terminal's width)."""
+    c = capsys.readouterr()
+    return " ".join((c.out + c.err).split())
+
+
 def observed_units(env: Env) -> dict[str, dict[str, Any]]:
     """What systemd on the host says, read by the harness (not through dsv4ctl)."""
     out = {}
@@ -244,7 +251,7 @@ def test_refused_rollback_to_incomplete_release_changes_nothing(
     pids = observed_units(env)
     capsys.readouterr()
     assert env.cli("rollback", r1, "--host", "h") == ExitCode.ERROR
-    out = capsys.readouterr().out
+    out = said(capsys)
     assert "nothing was changed" in out and "plan.json is missing" in out
     assert env.current() == r2 and observed_units(env) == pids and env.serves()
     ev = env.record(r1)["events"][-1]
@@ -265,7 +272,7 @@ def test_explicit_rollback_to_broken_release_falls_back(env: Env,
                                            "set": {"never_ready": True}, "max_times": 1}]})
     capsys.readouterr()
     assert env.cli("rollback", r1, "--host", "h") == ExitCode.ROLLED_BACK
-    assert f"fell back to {r2}" in capsys.readouterr().out
+    assert f"fell back to {r2}" in said(capsys)
     assert env.current() == r2 and env.serves()
     t = env.record(r1)
     assert t["status"] == "unhealthy"
@@ -285,7 +292,7 @@ def test_failed_restore_then_printed_recovery_works(env: Env,
     env.fake.write_sim_control(rule("--disaggregation-mode decode", {"never_ready": True}))
     capsys.readouterr()
     assert env.apply(decode_knob(env, 32), name="p2.json") == ExitCode.ROLLBACK_FAILED
-    out = capsys.readouterr().out
+    out = said(capsys)
     assert f"dsv4ctl rollback {r1} --host h" in out
     assert env.record(r1)["status"] == "unhealthy"
     assert env.current() == r1 and not env.serves()
@@ -331,7 +338,7 @@ def test_engine_killed_during_the_stability_window_rolls_back(env: Env,
     capsys.readouterr()
     prof = load_text(Profile, yaml.safe_dump(d), "p.yaml")
     assert env.apply(prof, name="p2.json") == ExitCode.ROLLED_BACK
-    assert "stability window" in capsys.readouterr().out
+    assert "stability window" in said(capsys)
     env.assert_recovered(r1)
     r2 = next(r for r in env.releases() if r != r1)
     rec = env.record(r2)
@@ -382,7 +389,7 @@ def test_sshd_killed_mid_upload_then_restored(env: Env, monkeypatch: Any,
     assert env.apply(decode_knob(env, 24), name="p2.json") == ExitCode.ERROR
     monkeypatch.undo()
     assert killed.is_set()
-    assert "nothing serving was changed" in capsys.readouterr().out
+    assert "nothing serving was changed" in said(capsys)
     env.assert_recovered(r1)
     r2 = next(r for r in env.releases() if r != r1)
     rec = env.record(r2)
@@ -461,7 +468,7 @@ def test_disk_full_right_after_the_switch(env: Env, monkeypatch: Any, tmp_path: 
         assert env.apply(decode_knob(env, 32), name="p2.json") == ExitCode.ROLLED_BACK
         monkeypatch.undo()
         monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-        out = capsys.readouterr().out
+        out = said(capsys)
         assert "saved here" in out and "disk is full" in out
         assert env.current() == r1 and env.serves() and env.lock_free()
         r2 = next(r for r in env.releases() if r != r1)
