@@ -91,8 +91,9 @@ class RolloutResult:
     def exit_code(self) -> ExitCode:
         """0: every host serves the new release (or had nothing to change); 3: the rollout
         stopped and every failed host serves its previous release again; 4: a failed host's
-        rollback failed too; 1: a host failed outside its apply (preparing, draining, putting it
-        back into the router) — its outcome says where."""
+        rollback failed too; 1: a host was left neither moved nor restored for another reason
+        (unreachable mid-apply, preparing, draining, putting it back into the router) — its
+        outcome says where."""
         states = {o.state for o in self.failed}
         if not states:
             return ExitCode.OK

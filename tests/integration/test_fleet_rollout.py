@@ -6,6 +6,7 @@ each engine and the real sglang-router 0.3.2 in front of the three.
   host ends on the new release, each host's release record and the fleet's journal say so.
 - A canary whose health never comes up: only the canary moves, is rolled back, the other hosts
   never change, the router still serves from all three at the end; the exit code says so.
+- `status --profile` of the fleet; a host whose sshd and engine die mid-wave stops the rollout.
 
 One cluster for the module (the box is small); the tests run in order and build on each other.
 """
@@ -241,3 +242,79 @@ def test_status_shows_the_fleet(fleet: Fleet, capsys: pytest.CaptureFixture[str]
                str(fleet.inventory)])
     text = capsys.readouterr().out
     assert rc == 0 and "stopped after wave 1" in text and "gpu-a" in text
+
+
+def _kill_host_processes(h: FakeHost, match: tuple[str, ...]) -> list[int]:
+    """SIGKILL the processes of this fake host (its own cgroup, which the harness created) whose
+    command line contains one of ``match``; returns their pids."""
+    import os
+    import signal
+
+    killed = []
+    for procs in h.cgroup.rglob("cgroup.procs"):
+        for pid in (int(p) for p in procs.read_text().split()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if any(m in cmd for m in match):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """gpu-c's sshd and engine are killed while its apply waits for health in wave 2 (gpu-b and
+    gpu-c together): the rollout stops after that wave, the exit code says a host was left
+    neither moved nor restored (measured: exit 1, gpu-c "failed" after ~76 s, most of it SSH
+    reconnect attempts, not within the 10 s health timeout), and status shows which host is
+    where: gpu-a and gpu-b healthy on the new release in the router, gpu-c unreachable and out
+    of the router."""
+    before = {h: fleet.current(h) for h in ENGINES}
+    victim = fleet.fakes["gpu-c"]
+    victim.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}, "rules": [
+        {"match": {"argv_contains": ["--cuda-graph-max-bs-decode 40"]},
+         "set": {"start_delay_s": 60}}]})
+    prof = profile(cuda_graph_max_bs=40)
+    prof["rollout"]["strategy"]["max_unavailable"] = 2
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any("40" in r["argv"] for r in victim.sim_runs() if r.get("mode") == "unified"
+                   and "--cuda-graph-max-bs-decode" in r["argv"]
+                   and r["argv"][r["argv"].index("--cuda-graph-max-bs-decode") + 1] == "40"):
+                time.sleep(1.0)  # its apply is now waiting for health
+                killed.extend(_kill_host_processes(victim, ("sshd", "dsv4sim.engine")))
+                return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    rc = fleet.apply(prof, "profile-v4.yaml")
+    elapsed = time.monotonic() - t0
+    t.join(timeout=5)
+    journal = fleet.journals()[-1]
+    assert killed, "gpu-c's processes were never killed"
+    assert rc in (ExitCode.ROLLBACK_FAILED, ExitCode.ERROR), rc
+    assert elapsed < 120, elapsed
+    states = {o["host"]: o["state"] for o in journal["outcomes"]}
+    assert states["gpu-a"] == "moved" and states["gpu-b"] == "moved", states
+    assert states["gpu-c"] in ("rollback_failed", "failed") and states["router-1"] == "not_reached"
+    assert journal["stopped_after_wave"] == 1
+    for h in ("gpu-a", "gpu-b"):
+        assert fleet.current(h) != before[h]
+    capsys.readouterr()
+    rc = main(["status", "--profile", str(fleet.tmp / "profile-v4.yaml"), "-i",
+               str(fleet.inventory), "--format", "json"])
+    st = json.loads(capsys.readouterr().out)
+    rows = {r["host"]: r for r in st["hosts"]}
+    assert rc == 1
+    assert rows["gpu-a"]["healthy"] and rows["gpu-a"]["in_router"] is True
+    assert rows["gpu-b"]["healthy"] and rows["gpu-b"]["in_router"] is True
+    assert rows["gpu-c"]["error"] and not rows["gpu-c"]["healthy"]  # unreachable: said so
+    assert rows["gpu-c"]["in_router"] is False  # drained, never put back
+    assert fleet.chat() == 200  # the router serves from the two that are left
