@@ -48,7 +48,8 @@ def main() -> int:
         inventory = Path(tmp) / "inventory.yaml"
         inventory.write_text(yaml.safe_dump({"apiVersion": "dsv4ctl/v1", "hosts": {"h": {
             "address": inv["address"], "port": inv["port"], "user": inv["user"],
-            "key": inv["key"], "scope": "user", "install_root": ROOT, "connect_timeout_s": 5,
+            "key": inv["key"], "known_hosts": inv["known_hosts"], "scope": "user",
+            "install_root": ROOT, "connect_timeout_s": 5,
             "gpus": {"model": "rtx-pro-6000-se", "count": 8}}}}))
         profile = Path(tmp) / "profile.yaml"
         profile.write_text(yaml.safe_dump(profile_dict()))
@@ -67,7 +68,7 @@ def main() -> int:
             return dt, p.stdout
 
         run("apply", str(profile), "--yes")  # the first release
-        run("plan", str(profile), "--host", "h", "-o", str(plan))
+        run("plan", str(profile), "--host", "h", "--live", "-o", str(plan))
         rows = []
         for label, argv in (("apply PROFILE", ("apply", str(profile), "--yes")),
                             ("apply PLAN.json", ("apply", str(plan), "--yes"))):
