@@ -264,12 +264,12 @@ def test_explicit_rollback_to_broken_release_falls_back(env: Env,
                                                         ) -> None:
     """Issue 20 #4 and #7: a rollback whose target never becomes healthy puts the release that
     was serving back (exit 3), saves its record, and the target is no longer marked healthy."""
-    r1 = first_release(env)
+    assert env.apply(decode_knob(env, 40), name="p1.json") == 0
+    r1 = env.current()
     assert env.apply(decode_knob(env, 32), name="p2.json") == 0
     r2 = env.current()
-    # the next decode start (r1's, by the rollback) never becomes ready; the one after is fine
-    env.fake.write_sim_control({"rules": [{"match": {"mode": "decode"},
-                                           "set": {"never_ready": True}, "max_times": 1}]})
+    # r1's decode command line never becomes ready any more; r2's is fine
+    env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 40", {"never_ready": True}))
     capsys.readouterr()
     assert env.cli("rollback", r1, "--host", "h") == ExitCode.ROLLED_BACK
     assert f"fell back to {r2}" in said(capsys)
@@ -297,9 +297,11 @@ def test_failed_restore_then_printed_recovery_works(env: Env,
     assert env.record(r1)["status"] == "unhealthy"
     assert env.current() == r1 and not env.serves()
     env.fake.write_sim_control({})  # the cause is fixed
-    before = env.starts("decode")
+    before = observed_units(env)["decode"]
+    assert before["active"] == "active/running"  # runs, but never became ready
     assert env.cli("rollback", r1, "--host", "h") == 0
-    assert env.starts("decode") == before + 1  # the running-but-unhealthy decode was restarted
+    # the running-but-unhealthy decode was restarted (a new process), not just re-verified
+    assert observed_units(env)["decode"]["pid"] not in (0, before["pid"])
     env.assert_recovered(r1)
     agree(env, capsys)
 
