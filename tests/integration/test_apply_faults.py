@@ -345,7 +345,9 @@ def test_engine_killed_during_the_stability_window_rolls_back(env: Env,
     r2 = next(r for r in env.releases() if r != r1)
     rec = env.record(r2)
     err = next(e["error"] for e in rec["journal"] if e["step"] == "health")
-    assert rec["status"] == "rolled-back" and "stability window" in err and "crashed" in err
+    # caught by whichever check sees the dead engine first: its unit (crashed) or its port
+    assert rec["status"] == "rolled-back" and "stability window" in err
+    assert "crashed" in err or "no answer" in err, err
     agree(env, capsys)
 
 
