@@ -296,3 +296,25 @@ def _safe_status(status: Callable[[str, Host], Any], name: str, host: Host) -> A
         return status(name, host)
     except DsvError as exc:
         return exc.message
+
+
+def fleet_history(fleet: FleetPlan, hosts: dict[str, Host], *,
+                  command: str = "dsv4ctl history") -> list[dict[str, Any]]:
+    """Every rollout of the fleet's profile, oldest first: the fleet's journals on the router's
+    host (each host's own releases: ``history --host NAME``)."""
+    on = fleet.router_on or fleet.hosts[0]
+    ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command)
+    try:
+        root = shlex.quote(hosts[on].install_root + "/fleet")
+        prefix = shlex.quote(fleet.profile_name + "-")
+        # one JSON document per line (jq-free): each journal file squeezed onto one line
+        res = ops.remote(on).run(
+            f"cd {root} 2>/dev/null || exit 0; for f in $(ls -1 -- {prefix}*.json 2>/dev/null "
+            "| sort); do tr -d '\\n' < \"$f\"; echo; done", timeout=60)
+    finally:
+        ops.close()
+    out = []
+    for line in res.stdout.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out

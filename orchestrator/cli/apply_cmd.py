@@ -330,6 +330,12 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
     from orchestrator.apply import history as get_history
     from orchestrator.apply import pool_line, qualification_line
 
+    if profile_path is not None and host_name is None:
+        from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+        fctx = load_fleet(profile_path, inventory)
+        if fctx.is_fleet:
+            return _fleet_history(plan_fleet(fctx), dict(fctx.all_hosts), fmt)
     name, host = resolve_host(profile_path, inventory, host_name)
     rows = get_history(name, host)
     if chosen_format(fmt) == "json":
@@ -480,3 +486,29 @@ def _fleet_status(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
         for o in last.get("outcomes", []):
             _echo(f"    {o['host']:<16} wave {o['wave'] + 1}: {o['state']}")
     return 0 if ok else 1
+
+
+def _fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
+    """`history --profile FLEET`: every rollout, which hosts moved and where it stopped."""
+    import json
+
+    from orchestrator.apply.fleet_ops import fleet_history
+
+    rollouts = fleet_history(fleet, hosts, command=_command_line())
+    if chosen_format(fmt) == "json":
+        echo(json.dumps(rollouts, indent=2), raw=True)
+        return 0
+    if not rollouts:
+        _echo(f"no rollouts of {fleet.profile_name} recorded")
+        return 0
+    for r in rollouts:
+        stop = r.get("stopped_after_wave")
+        where = ("completed" if stop is None else "stopped before the first switch"
+                 if stop < 0 else f"stopped after wave {stop + 1}")
+        _echo(f"{r.get('started')}  exit {r.get('exit_code')}  {where}"
+              + (f": {r.get('reason')}" if stop is not None else ""))
+        for o in r.get("outcomes", []):
+            rel = (r.get("releases") or {}).get(o["host"])
+            _echo(f"    {o['host']:<16} wave {o['wave'] + 1}: {o['state']}"
+                  + (f" -> {rel}" if rel and o["state"] == "moved" else ""))
+    return 0

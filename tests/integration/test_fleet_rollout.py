@@ -13,6 +13,7 @@ One cluster for the module (the box is small); the tests run in order and build 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -47,7 +48,7 @@ def profile(**serving: Any) -> dict[str, Any]:
                                 "attn_dp": 8, **serving},
                      "router": {"runs_on": "router-1", "port": 8000, "prometheus_port": 29000}},
         "kernels": {"enabled": False},
-        "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3},
+        "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3, "stability_window_s": 1.5},
         "rollout": {"keep_releases": 3, "rollback_timeout_s": 20,
                     "strategy": {"canary": 1, "max_unavailable": 1, "max_failures": 0,
                                  "drain_timeout_s": 10}},
@@ -92,8 +93,10 @@ class Fleet:
         names = h.exec(f"ls -1 {ROOT}/fleet 2>/dev/null").stdout.split()
         return [json.loads(h.read(f"{ROOT}/fleet/{n}")) for n in sorted(names)]
 
-    def router_starts(self) -> int:
-        return sum(1 for r in self.fakes["router-1"].sim_runs() if r.get("mode") == "router")
+    def router_pids(self) -> list[int]:
+        """The router processes on router-1 (found in its cgroup: the units' sandbox keeps the
+        simulators from recording their starts in the engine env)."""
+        return _host_pids(self.fakes["router-1"], ("sglang::router",))  # its setproctitle
 
     def workers(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(self.router_url + "/workers", timeout=10) as r:
@@ -167,7 +170,8 @@ def test_first_rollout_brings_up_the_fleet(fleet: Fleet) -> None:
 
 def test_rolling_update_under_load_drops_nothing(fleet: Fleet) -> None:
     before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
-    router_starts = fleet.router_starts()
+    router_pids = fleet.router_pids()
+    assert router_pids
     with Load(fleet) as load:
         time.sleep(1.0)
         rc = fleet.apply(profile(cuda_graph_max_bs=32), "profile-v2.yaml")
@@ -181,7 +185,7 @@ def test_rolling_update_under_load_drops_nothing(fleet: Fleet) -> None:
         assert fleet.record(h, new)["status"] == "healthy"
     # the router's host gets the release of the new profile, but its router was not restarted
     assert fleet.current("router-1") != before["router-1"]
-    assert fleet.router_starts() == router_starts
+    assert fleet.router_pids() == router_pids
     journal = fleet.journals()[-1]
     assert journal["exit_code"] == 0 and journal["stopped_after_wave"] is None
     assert journal["waves"] == [["gpu-a"], ["gpu-b"], ["gpu-c"], ["router-1"]]
@@ -242,22 +246,45 @@ def test_status_shows_the_fleet(fleet: Fleet, capsys: pytest.CaptureFixture[str]
                str(fleet.inventory)])
     text = capsys.readouterr().out
     assert rc == 0 and "stopped after wave 1" in text and "gpu-a" in text
+    # history of the fleet: the three rollouts so far, what each host did, where it stopped
+    rc = main(["history", "--profile", str(fleet.tmp / "profile-v3.yaml"), "-i",
+               str(fleet.inventory), "--format", "json"])
+    rollouts = json.loads(capsys.readouterr().out)
+    assert rc == 0 and [r["exit_code"] for r in rollouts] == [0, 0, int(ExitCode.ROLLED_BACK)]
+    assert [r["stopped_after_wave"] for r in rollouts] == [None, None, 0]
+    assert {o["host"]: o["state"] for o in rollouts[1]["outcomes"]} == {
+        "gpu-a": "moved", "gpu-b": "moved", "gpu-c": "moved", "router-1": "moved"}
+    rc = main(["history", "--profile", str(fleet.tmp / "profile-v3.yaml"), "-i",
+               str(fleet.inventory)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "stopped after wave 1" in text and "gpu-a            wave 1: rolled_back" \
+        in text
 
 
-def _kill_host_processes(h: FakeHost, match: tuple[str, ...]) -> list[int]:
-    """SIGKILL the processes of this fake host (its own cgroup, which the harness created) whose
-    command line contains one of ``match``; returns their pids."""
-    import os
-    import signal
-
-    killed = []
+def _host_pids(h: FakeHost, match: tuple[str, ...]) -> list[int]:
+    """Pids of this fake host's processes (its own cgroup, which the harness created) whose
+    command line contains every string of ``match``."""
+    found = []
     for procs in h.cgroup.rglob("cgroup.procs"):
         for pid in (int(p) for p in procs.read_text().split()):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if any(m in cmd for m in match):
+            if all(m in cmd for m in match):
+                found.append(pid)
+    return sorted(found)
+
+
+def _kill_host_processes(h: FakeHost, match: tuple[str, ...]) -> list[int]:
+    """SIGKILL this fake host's processes whose command line contains one of ``match``."""
+    import os
+    import signal
+
+    killed = []
+    for m in match:
+        for pid in _host_pids(h, (m,)):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     return killed
@@ -283,9 +310,7 @@ def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
     def killer() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any("40" in r["argv"] for r in victim.sim_runs() if r.get("mode") == "unified"
-                   and "--cuda-graph-max-bs-decode" in r["argv"]
-                   and r["argv"][r["argv"].index("--cuda-graph-max-bs-decode") + 1] == "40"):
+            if _host_pids(victim, ("dsv4sim.engine", "--cuda-graph-max-bs-decode 40")):
                 time.sleep(1.0)  # its apply is now waiting for health
                 killed.extend(_kill_host_processes(victim, ("sshd", "dsv4sim.engine")))
                 return
