@@ -478,16 +478,17 @@ class FakeHost:
         tmp.write_text(json.dumps(data, indent=2))
         control.load_control(tmp)
         os.replace(tmp, target)
-        state = Path(str(target) + ".state.json")
-        if state.exists():
+        # rule counters live beside the control file, or in a sandboxed unit's logs folder
+        # (tests/sim/control.py state_dir): a new control file starts them all from zero
+        for state in (self.dir / "fs").glob(f"**/{target.name}.state.json"):
             state.unlink()
 
     def sim_runs(self) -> list[dict[str, Any]]:
-        """Every simulator/router start on this host, oldest first."""
-        f = self.path(ENGINE_ENV) / "sim-runs.jsonl"
-        if not f.exists():
-            return []
-        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        """Every simulator/router start on this host, oldest first: the engine env's run log and
+        those that sandboxed units (read-only engine env) keep in their logs folder."""
+        runs = [json.loads(line) for f in (self.dir / "fs").glob("**/sim-runs.jsonl")
+                for line in f.read_text().splitlines() if line.strip()]
+        return sorted(runs, key=lambda r: r.get("time", 0.0))
 
     def set_gpus(self, config: dict[str, Any]) -> None:
         """Replace the GPU list the fake nvidia-smi reports (see tests/sim/nvidia_smi.py)."""

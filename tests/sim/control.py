@@ -186,7 +186,7 @@ def resolve(
         if not _rule_matches(rule.get("match", {}), port, mode, served_model_name, joined):
             continue
         if "max_times" in rule:
-            state = Path(str(path) + ".state.json")
+            state = state_dir(path.parent) / (path.name + ".state.json")
             if not _bump_rule_counter(state, i, int(rule["max_times"])):
                 continue
         eff.update(rule.get("set", {}))
@@ -198,6 +198,20 @@ def control_path(env_dir: Path) -> Path:
     return Path(os.environ.get("DSV4_SIM_CONTROL") or env_dir / "sim-control.json")
 
 
+def state_dir(env_dir: Path) -> Path:
+    """Where a start writes its run log and rule counters: the engine env dir, or, when the unit
+    sees that dir read-only (the sandbox's ProtectSystem=strict, issue 19), the folder of the log
+    file its stdout appends to, which the unit's ReadWritePaths keeps writable. The harness reads
+    both places (`FakeHost.sim_runs`)."""
+    if os.access(env_dir, os.W_OK):
+        return env_dir
+    try:
+        out = Path(os.readlink("/proc/self/fd/1"))
+    except OSError:
+        return env_dir
+    return out.parent if out.is_file() and os.access(out.parent, os.W_OK) else env_dir
+
+
 def runs_log_path(env_dir: Path) -> Path:
-    """`$DSV4_SIM_RUNS`, else `<engine env dir>/sim-runs.jsonl` (one JSON line per start)."""
-    return Path(os.environ.get("DSV4_SIM_RUNS") or env_dir / "sim-runs.jsonl")
+    """`$DSV4_SIM_RUNS`, else `sim-runs.jsonl` in `state_dir(env_dir)` (one JSON line per start)."""
+    return Path(os.environ.get("DSV4_SIM_RUNS") or state_dir(env_dir) / "sim-runs.jsonl")
