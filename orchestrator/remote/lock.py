@@ -80,8 +80,8 @@ def parse_holder(text: str) -> Holder | None:
     return Holder(remote_pid=pid, info=info if isinstance(info, dict) else {})
 
 
-def read_holder(remote: RemoteHost, install_root: str) -> Holder | None:
-    _, info = lock_paths(install_root)
+def read_holder(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> Holder | None:
+    _, info = lock_paths(install_root, name)
     res = remote.run(f"cat {shlex.quote(info)} 2>/dev/null", timeout=30)
     return parse_holder(res.stdout) if res.ok else None
 
@@ -156,8 +156,16 @@ class HostLock:
         err = chan.recv_stderr(4096).decode(errors="replace").strip()
         chan.close()
         if rc == REFUSED_RC:
-            holder = read_holder(self.remote, self.install_root)
+            # the holder of this lock (a fleet lock has its own info file beside the host's)
+            holder = read_holder(self.remote, self.install_root, self.name)
             who = holder.describe() if holder else "unknown holder (no info file)"
+            if self.name != LOCK_NAME:
+                raise LockHeld(
+                    f"the lock {self.name} on host '{self.remote.name}' is held by another "
+                    f"dsv4ctl run: {who}",
+                    fix="wait for that run to finish; the lock is freed when it ends or its SSH "
+                        "connection drops",
+                )
             raise LockHeld(
                 f"host '{self.remote.name}' is locked by another dsv4ctl run: {who}",
                 fix="wait for it to finish; if that run is dead and its lock still held, "
