@@ -179,6 +179,9 @@ def activate(force: bool = False) -> bool:
         return False
     sys.meta_path.insert(0, _Finder())
     _state["active"] = True
+    # which kernels this engine runs: dsv4ctl ships them inside each release and the engine
+    # imports them through `current`, so the resolved path names the release (issue 20 item 6)
+    _log(f"active: kernels from {loaded_from()}")
     for name in TARGETS:
         mod = sys.modules.get(name)
         if mod is not None:
@@ -186,10 +189,15 @@ def activate(force: bool = False) -> bool:
     return True
 
 
+def loaded_from() -> str:
+    """The directory this package was imported from, symlinks (``current``) resolved."""
+    return str(pathlib.Path(__file__).resolve().parent.parent)
+
+
 def status() -> dict[str, Any]:
     """What the hook did in this process."""
     return {"env": os.environ.get(ENV_VAR), "sglang": sglang_version(),
-            "supported": SUPPORTED_VERSION, **_state}
+            "supported": SUPPORTED_VERSION, "loaded_from": loaded_from(), **_state}
 
 
 def _site_dir(explicit: str | None) -> pathlib.Path:

@@ -162,6 +162,8 @@ def test_pth_line_patches_only_when_enabled() -> None:
     on = _py(sglang_hook.PTH_LINE + PROBE, env_on=True)
     assert on.returncode == 0, on.stderr
     assert on.stdout.strip() == "dsv4_kernels.sglang_compat"
+    # the engine's log names the kernels it runs (issue 20 item 6: dsv4ctl ships them per release)
+    assert f"active: kernels from {sglang_hook.loaded_from()}" in on.stderr
     off = _py(sglang_hook.PTH_LINE + PROBE, env_on=False)
     assert off.returncode == 0, off.stderr
     assert off.stdout.strip() == "sglang.kernels.ops.attention.flash_mla_sm120_triton"

@@ -545,7 +545,13 @@ kernels_package_files = kernels_package.package_files
 
 
 def install_kernels(ctx: Context, step: Any) -> Outcome:
-    assert ctx.deployment is not None
+    """Unpack the kernels package into the target release (``releases/<id>/kernels/``), where
+    the engine imports it from: render puts ``<install_root>/current/kernels`` on the engine's
+    ``PYTHONPATH`` (:data:`orchestrator.render.KERNELS_PATH_ENV`), so the ``current`` switch
+    and a rollback select the kernels with the release. Issue 20 item 6: they used to be
+    pip-installed into the shared engine env, and after ``rollback r1`` the restarted decode
+    loaded r2's kernels."""
+    assert ctx.deployment is not None and ctx.target is not None
     src = kernels_source()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -553,22 +559,23 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
             tar.add(src / rel, arcname=f"kernels/{rel}", recursive=False)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()[:12]
-    root = ctx.host.install_root
-    dest = f"{root}/kernels/{digest}"
-    tgz = f"{root}/.incoming/kernels-{digest}.tar.gz"
-    ctx.store.mkdirs(".incoming", f"kernels/{digest}", what="preparing the kernels upload")
+    release = ctx.store.path(ctx.target)
+    dest = f"{release}/kernels"
+    tgz = f"{ctx.host.install_root}/.incoming/kernels-{digest}.tar.gz"
+    ctx.store.mkdirs(".incoming", f"releases/{ctx.target}", what="preparing the kernels upload")
     ctx.remote.put_bytes(data, tgz, mode=0o600)
-    py = shlex.quote(f"{ctx.deployment.engine_env}/bin/python")
-    ctx.remote.check(f"tar -xzf {shlex.quote(tgz)} -C {shlex.quote(dest)} && "
-                     f"rm -f {shlex.quote(tgz)}", timeout=120, what="unpacking the kernels package")
-    ctx.out(f"  pip install dsv4-kernels ({digest}) into {ctx.deployment.engine_env}")
-    ctx.remote.check(f"{py} -m pip install --no-deps --no-build-isolation --quiet "
-                     f"{shlex.quote(dest + '/kernels')}", timeout=600,
-                     what="installing the kernels into the engine env")
-    # The .pth activation hook (kernels/dsv4_kernels/sglang_hook.py). The rendered units route
-    # SGLang's sm_120 decode and indexer through the Python entry points this hook replaces; without
-    # it they would run SGLang's slow stock fallbacks, so a refusal (e.g. another SGLang version)
-    # fails the step before anything is switched.
+    # a re-applied release replaces what an earlier attempt left, never merges into it
+    ctx.remote.check(f"rm -rf {shlex.quote(dest)} && tar -xzf {shlex.quote(tgz)} -C "
+                     f"{shlex.quote(release)} && rm -f {shlex.quote(tgz)}", timeout=120,
+                     what="unpacking the kernels package into the release")
+    ctx.out(f"  dsv4-kernels ({digest}) into {dest}")
+    # The engine env's python with the release's kernels first on its path, as the engine runs
+    py = f"PYTHONPATH={shlex.quote(dest)} {shlex.quote(f'{ctx.deployment.engine_env}/bin/python')}"
+    # The .pth activation hook (kernels/dsv4_kernels/sglang_hook.py) in the engine env: one line
+    # that imports dsv4_kernels.sglang_hook from the engine's path (the release's copy). The
+    # rendered units route SGLang's sm_120 decode and indexer through the Python entry points this
+    # hook replaces; without it they would run SGLang's slow stock fallbacks, so a refusal (e.g.
+    # another SGLang version) fails the step before anything is switched.
     ctx.remote.check(f"{py} -m dsv4_kernels.sglang_hook install", timeout=120,
                      what="installing the SGLang activation hook of the kernels")
     if not ctx.deployment.kernels_selftest:

@@ -87,7 +87,13 @@ KERNEL_ENV = (
 # kernels.bf16_gemms: the hook also swaps SGLang's FP32 mHC boundary for the bf16 tensor-core
 # one (kernels/dsv4_kernels/sglang_mhc.py; docs/fp32-gemms-sglang-0.5.23.md)
 BF16_GEMMS_ENV = ("DSV4_KERNELS_BF16_GEMMS", "1")
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV), BF16_GEMMS_ENV[0])
+# The kernels ship inside each release (apply unpacks them into releases/<id>/kernels/); the
+# engine imports them through `current`, so the switch and a rollback select them with the
+# release (issue 20 item 6). PYTHONPATH precedes site-packages, so the engine env's .pth hook line
+# imports dsv4_kernels from here, not from a copy an older dsv4ctl pip-installed into the env.
+KERNELS_PATH_ENV = "PYTHONPATH"
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV), BF16_GEMMS_ENV[0],
+                KERNELS_PATH_ENV)
 
 
 def _reserved_source(name: str) -> str:
@@ -273,6 +279,11 @@ def _fleet_pd(role: RoleDeployment) -> bool:
     return role.disaggregation_mode is not None and role.listen != LOOPBACK
 
 
+def kernels_path(install_root: str) -> str:
+    """Where the engine imports the kernels of the release ``current`` points to."""
+    return f"{install_root}/current/kernels"
+
+
 def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[str, str, str]]:
     """``(name, value, profile field it comes from)`` of every variable in the role's env file,
     in file order (later wins, as in systemd's ``EnvironmentFile=``): what the engine process
@@ -281,6 +292,7 @@ def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[
     out = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
     if dep.kernels_enabled:
         out += [(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
+        out.append((KERNELS_PATH_ENV, kernels_path(dep.install_root), "kernels.enabled"))
     if dep.kernels_bf16_gemms:
         out.append((*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
     if _fleet_pd(role):

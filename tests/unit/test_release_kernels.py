@@ -1,8 +1,9 @@
-"""The kernels step of apply: ship the bundled `kernels/` package, pip-install it into the engine
-env, run its self-test, and map the self-test's exit code to the journal.
+"""The kernels step of apply: ship the bundled `kernels/` package inside the target release
+(`releases/<id>/kernels/`, imported by the engine through `current`), install the .pth hook, run the
+self-test, and map the self-test's exit code to the journal.
 
-Runs the step's real shell commands (tar, pip's command line) on this machine through a local
-shell; the engine env's `python` is a small script that records the pip call and plays the
+Runs the step's real shell commands (tar) on this machine through a local shell; the engine env's
+`python` is a small script that records its calls (with the PYTHONPATH they see) and plays the
 self-test's documented contract (one JSON document; exit 0 pass, 1 mismatch).
 """
 
@@ -25,8 +26,9 @@ from tests.unit.test_release import LocalShell
 
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
-  *"-m pip install"*) echo "$*" >> "$(dirname "$0")/../pip.log"; exit 0;;
-  *"-m dsv4_kernels.sglang_hook install"*) d="$(dirname "$0")/.."; echo "$*" >> "$d/hook.log"
+  *"-m pip "*) echo "$*" >> "$(dirname "$0")/../pip.log"; exit 0;;
+  *"-m dsv4_kernels.sglang_hook install"*) d="$(dirname "$0")/.."
+                                           echo "PYTHONPATH=$PYTHONPATH $*" >> "$d/hook.log"
                                            [ -f "$d/hook.rc" ] && exit "$(cat "$d/hook.rc")"; exit 0;;
   *"-m dsv4_kernels.selftest"*) d="$(dirname "$0")/.."; cat "$d/selftest.out"
                                 exit "$(cat "$d/selftest.rc")";;
@@ -54,6 +56,7 @@ def make_ctx(tmp: Path, selftest: bool) -> Context:
                   out=lines.append, now=lambda: datetime.now(UTC), command="t")
     ctx.deployment = resolve(prof, "h", host, default_index_topk=512, max_context_length=1024)
     ctx.profile = prof
+    ctx.target = "r1"
     return ctx
 
 
@@ -67,14 +70,16 @@ def outcome(tmp: Path, rc: int, report: dict[str, Any], selftest: bool = True) -
 def test_kernels_installed_and_selftest_passes(tmp_path: Path) -> None:
     res, _ = outcome(tmp_path, 0, {"passed": True, "gpus": ["NVIDIA H200"]})
     assert "self-test passed" in res.detail and '"passed":true' in res.detail
-    (pkg,) = (tmp_path / "root" / "kernels").iterdir()
-    assert (pkg / "kernels" / "pyproject.toml").is_file()
-    assert (pkg / "kernels" / "dsv4_kernels" / "selftest.py").is_file()
-    assert not list(pkg.rglob("__pycache__")) and not (pkg / "kernels" / "tests").exists()
+    # issue 20 item 6: the package lives in the release, nothing is pip-installed into the env
+    pkg = tmp_path / "root" / "releases" / "r1" / "kernels"
+    assert (pkg / "pyproject.toml").is_file()
+    assert (pkg / "dsv4_kernels" / "selftest.py").is_file()
+    assert not list(pkg.rglob("__pycache__")) and not (pkg / "tests").exists()
     assert json.loads((pkg / "selftest.json").read_text())["passed"] is True
-    pip = (tmp_path / "env" / "pip.log").read_text()
-    assert "--no-deps --no-build-isolation" in pip and str(pkg / "kernels") in pip
-    assert "sglang_hook install" in (tmp_path / "env" / "hook.log").read_text()
+    assert not (tmp_path / "env" / "pip.log").exists()
+    assert not (tmp_path / "root" / "kernels").exists()
+    hook = (tmp_path / "env" / "hook.log").read_text()
+    assert f"PYTHONPATH={pkg} " in hook and "sglang_hook install" in hook
     assert kernels_source().name == "kernels"
 
 
@@ -130,9 +135,9 @@ def test_kernels_step_ships_only_the_tracked_package(tmp_path: Path,
     host.mkdir()
     res, _ = outcome(host, 0, {"passed": True})
     assert "self-test passed" in res.detail
-    (pkg,) = (host / "root" / "kernels").iterdir()
-    got = sorted(p.relative_to(pkg / "kernels").as_posix()
-                 for p in (pkg / "kernels").rglob("*") if p.is_file())
+    pkg = host / "root" / "releases" / "r1" / "kernels"
+    got = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*")
+                 if p.is_file() and p.name != "selftest.json")
     assert got == want
 
 
@@ -146,3 +151,57 @@ def test_kernels_package_files_outside_a_checkout(tmp_path: Path) -> None:
     (src / "dsv4_kernels" / "__pycache__" / "a.pyc").write_text("")
     (src / "NOTES.md").write_text("")
     assert kernels_package_files(src) == ["dsv4_kernels/a.py", "pyproject.toml"]
+
+
+def test_engine_imports_the_kernels_of_the_release_current_points_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20 item 6: r1 and r2 ship different kernels; with the engine env's .pth hook line and
+    the PYTHONPATH render gives the engine, a Python started after `current` -> r2 imports r2's
+    kernels, and after the switch back to r1 (a rollback) r1's, not the newest install's."""
+    import shutil
+    import subprocess
+    import sys
+
+    from dsv4_kernels import sglang_hook
+
+    from orchestrator.apply import steps
+    from orchestrator.render import kernels_path
+
+    real = kernels_source()
+    srcs = []
+    for n in ("1", "2"):
+        src = tmp_path / f"src{n}"
+        for rel in steps.kernels_package_files(real):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(real / rel, src / rel)
+        with (src / "dsv4_kernels" / "__init__.py").open("a") as f:
+            f.write(f"RELEASE_MARK = {n!r}\n")
+        srcs.append(src)
+    host = tmp_path / "host"
+    host.mkdir()
+    ctx = make_ctx(host, selftest=False)
+    for rid, src in zip(("r1", "r2"), srcs, strict=True):
+        monkeypatch.setattr(steps, "kernels_source", lambda src=src: src)
+        ctx.target = rid
+        install_kernels(ctx, None)
+    site = tmp_path / "site"  # the engine env's site-packages, holding the hook's .pth line
+    site.mkdir()
+    (site / sglang_hook.PTH_NAME).write_text(sglang_hook.PTH_LINE)
+    root = host / "root"
+    assert ctx.deployment is not None
+    probe = ("import site, sys; site.addsitedir(sys.argv[1]); "
+             "assert 'dsv4_kernels.sglang_hook' in sys.modules, 'the .pth line did not run'; "
+             "import dsv4_kernels as k; from dsv4_kernels import sglang_hook as h; "
+             "print(k.RELEASE_MARK, h.loaded_from())")
+
+    def engine_start(release: str) -> str:
+        (root / "current").unlink(missing_ok=True)
+        (root / "current").symlink_to(f"releases/{release}")
+        env = {"PATH": "/usr/bin:/bin", "DSV4_KERNELS_SGLANG": "1",
+               "PYTHONPATH": kernels_path(ctx.deployment.install_root)}
+        res = subprocess.run([sys.executable, "-c", probe, str(site)], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60, check=True)
+        return res.stdout.strip()
+
+    assert engine_start("r2") == f"2 {root / 'releases' / 'r2' / 'kernels'}"
+    assert engine_start("r1") == f"1 {root / 'releases' / 'r1' / 'kernels'}"  # the rollback

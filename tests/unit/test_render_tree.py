@@ -162,6 +162,23 @@ def test_bf16_gemms_switch_reaches_the_engine_env() -> None:
     assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": False, "bf16_gemms": True})
 
 
+def test_engine_imports_the_kernels_through_current() -> None:
+    # issue 20 item 6: the kernels ship inside each release; the engine finds them through
+    # `current`, so the switch and a rollback select them with the release
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    _, dep, _ = render_text(yaml.safe_dump(data))
+    want = f'PYTHONPATH="{dep.install_root}/current/kernels"'
+    assert want in _env_with_kernels({"enabled": True})
+    assert "PYTHONPATH" not in _env_with_kernels({"enabled": False})
+
+
+def test_role_env_cannot_set_the_kernels_path() -> None:
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["topology"]["decode"]["env"] = {"PYTHONPATH": "/opt/x"}
+    with pytest.raises(RenderError, match=r"decode\.env\.PYTHONPATH.*kernels\.enabled"):
+        render_text(yaml.safe_dump(data))
+
+
 def test_the_switches_render_sets_are_the_ones_the_kernels_hook_reads() -> None:
     # two packages spell the names (orchestrator.render sets them, dsv4_kernels.sglang_hook reads
     # them; plan may not import the kernels): this pins that they agree
