@@ -44,6 +44,8 @@ ENV_VAR = "DSV4_KERNELS_SGLANG"
 BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"
 SUPPORTED_VERSION = "0.5.23"
 PTH_NAME = "dsv4_kernels_sglang.pth"
+# the engine log line `dsv4ctl status` reads (orchestrator/apply KERNELS_LOG spells it too)
+ACTIVE_LOG = "[dsv4_kernels] active"
 PTH_LINE = (
     "import os; os.environ.get('DSV4_KERNELS_SGLANG', '0') not in ('', '0') and "
     "__import__('dsv4_kernels.sglang_hook').sglang_hook.activate()\n"
@@ -68,7 +70,8 @@ _state: dict[str, Any] = {"active": False, "patched": [], "refused": []}
 
 
 def _log(msg: str) -> None:
-    print(f"[dsv4_kernels] {msg}", file=sys.stderr, flush=True)
+    print(msg if msg.startswith(ACTIVE_LOG) else f"[dsv4_kernels] {msg}", file=sys.stderr,
+          flush=True)
 
 
 def sglang_version() -> str | None:
@@ -181,7 +184,7 @@ def activate(force: bool = False) -> bool:
     _state["active"] = True
     # which kernels this engine runs: dsv4ctl ships them inside each release and the engine
     # imports them through `current`, so the resolved path names the release (issue 20 item 6)
-    _log(f"active: kernels from {loaded_from()}")
+    _log(f"{ACTIVE_LOG} (pid {os.getpid()}): kernels from {loaded_from()}")
     for name in TARGETS:
         mod = sys.modules.get(name)
         if mod is not None:

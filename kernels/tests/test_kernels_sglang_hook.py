@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -163,7 +164,8 @@ def test_pth_line_patches_only_when_enabled() -> None:
     assert on.returncode == 0, on.stderr
     assert on.stdout.strip() == "dsv4_kernels.sglang_compat"
     # the engine's log names the kernels it runs (issue 20 item 6: dsv4ctl ships them per release)
-    assert f"active: kernels from {sglang_hook.loaded_from()}" in on.stderr
+    assert re.search(r"^\[dsv4_kernels\] active \(pid \d+\): kernels from "
+                     + re.escape(sglang_hook.loaded_from()) + "$", on.stderr, re.M), on.stderr
     off = _py(sglang_hook.PTH_LINE + PROBE, env_on=False)
     assert off.returncode == 0, off.stderr
     assert off.stdout.strip() == "sglang.kernels.ops.attention.flash_mla_sm120_triton"

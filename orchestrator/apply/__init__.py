@@ -349,6 +349,8 @@ def status(host_name: str, host: Host) -> StatusReport:
                               "active": f"{st.active}/{st.sub}" if st else "unknown",
                               "pid": st.main_pid if st else 0,
                               "restarts": st.restarts if st else 0})
+        if dep.kernels_enabled:
+            _kernels_loaded(remote, store, dep, rep.units)
         report = evaluate(http, dep, states, {})
         by_role: dict[str, list[Any]] = {}
         for r in report.results:
@@ -384,6 +386,53 @@ def status(host_name: str, host: Host) -> StatusReport:
                 rep.profile_drift += _server_info_drift(role, dep, info)
                 rep.pool_drift += _pool_drift(role.name, info, record)
     return rep
+
+
+# The line dsv4_kernels.sglang_hook logs when it activates in an engine process (sglang_hook.ACTIVE_LOG;
+# spelled twice because the core may not import the kernels package, tests pin that they agree).
+KERNELS_LOG = "[dsv4_kernels] active"
+
+
+def kernels_loaded(log_text: str, pid: int) -> str | None:
+    """The kernels directory the engine process ``pid`` imported, from its log (the hook's
+    activation line, symlinks resolved); None when that process logged none."""
+    found = None
+    prefix = f"{KERNELS_LOG} (pid {pid}): kernels from "
+    for line in log_text.splitlines():
+        if line.startswith(prefix):
+            found = line[len(prefix):].strip()
+    return found
+
+
+def _kernels_loaded(remote: Any, store: Any, dep: Any, units: list[dict[str, Any]]) -> None:
+    """Issue 20 item 6: which release's kernels each running engine loaded (the kernels ship
+    inside each release), read from the engine's log, with that release's kernels digest."""
+    import json
+
+    from orchestrator.release.ids import is_release_id
+
+    for u in units:
+        pid = u["pid"]
+        if not pid:
+            continue
+        log = f"{dep.install_root}/logs/{u['role']}.log"
+        res = remote.run(f"grep -aF {shlex.quote(f'{KERNELS_LOG} (pid {pid})')} "
+                         f"{shlex.quote(log)} | tail -n 1", timeout=30)
+        path = kernels_loaded(res.stdout, pid)
+        if path is None:
+            u["kernels"] = "none loaded (no activation line from this pid in its log)"
+            continue
+        parts = path.rstrip("/").split("/")
+        release = parts[-2] if len(parts) >= 2 and parts[-1] == "kernels" else ""
+        if not is_release_id(release):
+            u["kernels"] = path  # not from a release dir (an older, pip-installed copy)
+            continue
+        try:
+            digest = json.loads(store.read_files(release, ["kernels.json"])["kernels.json"]
+                                )["sha256"][:12]
+        except (DsvError, KeyError, ValueError, TypeError):
+            digest = "digest unreadable"
+        u["kernels"] = f"release {release}, sha256 {digest}"
 
 
 def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:

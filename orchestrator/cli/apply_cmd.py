@@ -415,7 +415,8 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
     pids = {u["role"]: u for u in rep.units}
     for role, ok, msg in rep.roles:
         u = pids.get(role)
-        unit = (f" [{u['unit']} {u['active']} pid {u['pid']}, {u['restarts']} restarts]"
+        unit = (f" [{u['unit']} {u['active']} pid {u['pid']}, {u['restarts']} restarts"
+                + (f"; kernels: {u['kernels']}" if u.get("kernels") else "") + "]"
                 if u else "")
         _echo(f"  {'✓' if ok else '✗'} {role}: {msg}{unit}")
     for d in rep.file_drift:

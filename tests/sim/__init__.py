@@ -147,6 +147,14 @@ def install_engine_env(dest_dir: Path, python: str = sys.executable, *, with_pip
     (sglang_cli / "cli" / "main.py").write_text(
         '"""`sglang.cli.main:main` of the simulator: `sglang serve ARGS` from sys.argv."""\n'
         "from dsv4sim.engine import main\n")
+    # The version the bundled kernels' hook is pinned to (dsv4_kernels.sglang_hook reads it from
+    # the distribution metadata): with kernels.enabled the real hook installs its .pth line and
+    # activates in the simulator's process, logging which release's kernels it imported.
+    dist = pkgs / "sglang-0.5.23.dist-info"
+    if dist.exists():
+        shutil.rmtree(dist)
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
     site = next((dest_dir / "lib").glob("python3*/site-packages"))
     # the simulator first (its sglang_router shim shadows the real package it extends)
     (site / "dsv4sim.pth").write_text(str(prefix / "lib" / "dsv4sim-pkgs") + "\n"

@@ -205,3 +205,19 @@ def test_engine_imports_the_kernels_of_the_release_current_points_to(
 
     assert engine_start("r2") == f"2 {root / 'releases' / 'r2' / 'kernels'}"
     assert engine_start("r1") == f"1 {root / 'releases' / 'r1' / 'kernels'}"  # the rollback
+
+
+def test_status_reads_the_line_the_hook_logs() -> None:
+    # two packages spell the line (the core may not import the kernels); this pins that they agree
+    from dsv4_kernels import sglang_hook
+
+    from orchestrator.apply import KERNELS_LOG, kernels_loaded
+
+    assert sglang_hook.ACTIVE_LOG == KERNELS_LOG
+    log = (f"{KERNELS_LOG} (pid 7): kernels from /srv/dsv4/releases/r2/kernels\n"
+           "noise\n"
+           f"{KERNELS_LOG} (pid 71): kernels from /srv/dsv4/releases/r9/kernels\n"
+           f"{KERNELS_LOG} (pid 7): kernels from /srv/dsv4/releases/r1/kernels\n")
+    assert kernels_loaded(log, 7) == "/srv/dsv4/releases/r1/kernels"  # the last start of pid 7
+    assert kernels_loaded(log, 71) == "/srv/dsv4/releases/r9/kernels"
+    assert kernels_loaded(log, 8) is None
