@@ -177,6 +177,15 @@ class FleetOps:
 
         if not self.router_up:
             return
+        remote = self.remotes.get(host)
+        if remote is not None and not remote.alive:
+            # the host went away during its switch (its sshd or the machine died): nothing can
+            # say its engines serve, and adding them would have the router wait add()'s 60 s for
+            # a worker that never turns healthy; the rollout stops now, the host out of the router
+            raise RemoteError(f"host '{host}' cannot be reached (the SSH connection to it was "
+                              "lost): it is left out of the router",
+                              fix=f"dsv4ctl status --host {host}; once it is back, apply the "
+                                  "fleet again")
         api = self.router()
         for url, kind, port, _role in self._workers(host):
             api.add(url, worker_type=kind, bootstrap_port=port)

@@ -293,11 +293,13 @@ def _kill_host_processes(h: FakeHost, match: tuple[str, ...]) -> list[int]:
 def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """gpu-c's sshd and engine are killed while its apply waits for health in wave 2 (gpu-b and
-    gpu-c together): the rollout stops after that wave, the exit code says a host was left
-    neither moved nor restored (measured: exit 1, gpu-c "failed" after ~76 s, most of it SSH
-    reconnect attempts, not within the 10 s health timeout), and status shows which host is
-    where: gpu-a and gpu-b healthy on the new release in the router, gpu-c unreachable and out
-    of the router."""
+    gpu-c together): the rollout stops after that wave within the 10 s health timeout of the
+    death, the exit code says a host was left neither moved nor restored, and status shows which
+    host is where: gpu-a and gpu-b healthy on the new release in the router, gpu-c unreachable
+    and out of the router. Where the time goes: the failure is seen at once (the unit query over
+    the dead connection fails), then ~7 s of reconnect backoff (1+2+4 s) to record gpu-c's
+    outcome; gpu-c is then left out of the router at once (before: the router was asked to add
+    it back and waited 60 s for it, the rollout stopped ~67 s after the death)."""
     before = {h: fleet.current(h) for h in ENGINES}
     victim = fleet.fakes["gpu-c"]
     victim.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}, "rules": [
@@ -306,6 +308,7 @@ def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
     prof = profile(cuda_graph_max_bs=40)
     prof["rollout"]["strategy"]["max_unavailable"] = 2
     killed: list[int] = []
+    killed_at: list[float] = []
 
     def killer() -> None:
         deadline = time.monotonic() + 120
@@ -313,6 +316,7 @@ def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
             if _host_pids(victim, ("dsv4sim.engine", "--cuda-graph-max-bs-decode 40")):
                 time.sleep(1.0)  # its apply is now waiting for health
                 killed.extend(_kill_host_processes(victim, ("sshd", "dsv4sim.engine")))
+                killed_at.append(time.monotonic())
                 return
             time.sleep(0.2)
 
@@ -320,12 +324,16 @@ def test_host_dying_mid_wave_stops_the_rollout(fleet: Fleet,
     t.start()
     t0 = time.monotonic()
     rc = fleet.apply(prof, "profile-v4.yaml")
-    elapsed = time.monotonic() - t0
+    done = time.monotonic()
     t.join(timeout=5)
     journal = fleet.journals()[-1]
-    assert killed, "gpu-c's processes were never killed"
+    assert killed and killed_at, "gpu-c's processes were never killed"
     assert rc in (ExitCode.ROLLBACK_FAILED, ExitCode.ERROR), rc
-    assert elapsed < 120, elapsed
+    stopped_s = done - killed_at[0]
+    with capsys.disabled():  # the measurement, for the report (-s shows it)
+        print(f"\nthe rollout stopped {stopped_s:.1f} s after gpu-c died ({done - t0:.1f} s in "
+              "all)")
+    assert stopped_s < prof["health"]["startup_timeout_s"], stopped_s
     states = {o["host"]: o["state"] for o in journal["outcomes"]}
     assert states["gpu-a"] == "moved" and states["gpu-b"] == "moved", states
     assert states["gpu-c"] in ("rollback_failed", "failed") and states["router-1"] == "not_reached"
