@@ -11,7 +11,7 @@ journal. The summary line is the same in diff and plan, text, markdown and JSON.
 One host, applies in sequence (A -> A, A -> B, B -> B, B -> A covers every ordered pair of the two
 shipped profiles), so the whole proof is a few applies long. The shipped profiles are used as they
 are except for what points at the real machine (host, engine env path, the kernels step, the
-production-length health timeouts).
+production-length health timeouts and stability window).
 
 Also here: a monitoring-only change is applied as a new release, not "No changes." (issue 20 item
 5, which relies on this model).
@@ -43,7 +43,11 @@ def shipped(name: str, **monitoring: Any) -> dict[str, Any]:
     d["host"] = "h"
     d["engine"]["env"] = "/opt/sglang-env"
     d["kernels"] = {"enabled": False}  # the kernels' self-test needs a GPU
-    d["health"] = {"startup_timeout_s": 10, "poll_interval_s": 0.3}
+    # test-sized health: the simulator is up in well under a second, and the shipped profiles
+    # leave health.stability_window_s to the code default (the router's 60 s x 3 = 180 s), which
+    # would idle every apply here for three minutes; the window itself is tested in
+    # test_apply_faults.py (test_engine_killed_during_the_stability_window_rolls_back)
+    d["health"] = {"startup_timeout_s": 10, "poll_interval_s": 0.3, "stability_window_s": 1.5}
     d["rollout"] = {"keep_releases": 10, "rollback_timeout_s": 20}
     if monitoring:
         d["monitoring"] = monitoring
