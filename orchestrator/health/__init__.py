@@ -86,13 +86,17 @@ def check_role(http: Http, name: str, port: int, served_name: str,
                                "200" if ok else (err or f"HTTP {status} (starting or unhealthy)")))
         if not ok:
             return out
-    out.append(check_models(name, *_get(http, port, "/v1/models", timeout)[:2], served_name))
+    out.append(check_models(name, *_get(http, port, "/v1/models", timeout), served_name))
     return out
 
 
-def check_models(subject: str, status: int | None, data: Any, served_name: str) -> CheckResult:
+def check_models(subject: str, status: int | None, data: Any, err: str,
+                 served_name: str) -> CheckResult:
     if status != 200:
-        return CheckResult(subject, "models", False, f"/v1/models answered {status}")
+        # err names a dead port ("no answer (refused)"): an engine that died between /health and
+        # /v1/models must not read as a server that answered something odd.
+        return CheckResult(subject, "models", False,
+                           err or f"/v1/models answered HTTP {status}")
     ids = []
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         ids = [m.get("id") for m in data["data"] if isinstance(m, dict)]

@@ -108,6 +108,21 @@ def test_role_checks_stop_at_first_failure() -> None:
                                                         d.served_name)[-1].message
 
 
+def test_engine_dying_between_health_and_models_reads_as_no_answer() -> None:
+    """An engine that crashes after /health answered but before /v1/models (seen in CI under load)
+    is reported as a dead port, not as "/v1/models answered None"."""
+    d = dep()
+    role = d.roles[1]
+    t = healthy_table(d)
+    t[(role.port, "/v1/models")] = ConnectionRefusedError()
+    res = check_role(http_from(t), role.name, role.port, d.served_name)
+    assert [(r.check, r.ok) for r in res] == [("ready", True), ("health", True), ("models", False)]
+    assert res[-1].message == "no answer (refused)"
+    t[(role.port, "/v1/models")] = Resp(500)
+    assert check_role(http_from(t), role.name, role.port, d.served_name)[-1].message \
+        == "/v1/models answered HTTP 500"
+
+
 def test_router_worker_counts() -> None:
     assert count_workers(json.loads(workers(1, 2, unhealthy_decode=3).body)) == (1, 2, 0)
     assert count_workers({"stats": {"prefill_count": 2, "decode_count": 1}}) == (2, 1, 0)
