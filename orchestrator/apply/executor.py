@@ -136,13 +136,26 @@ def _msg(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
+def _answers(ctx: Context) -> bool:
+    """One real round trip. paramiko's ``is_active`` flag lags a connection whose sshd was killed
+    (its reader thread has not seen EOF yet on a loaded controller), so it cannot be trusted after
+    a transfer just failed: CI saw the record write go down the dead connection that way."""
+    try:
+        return ctx.remote.run("true", timeout=10.0).rc == 0
+    except (DsvError, OSError):
+        return False
+
+
 def _reconnect(ctx: Context) -> bool:
     """After a dropped connection: reconnect and retake the lock so the record can be written.
     Returns False if the host stays unreachable or someone else took the lock meanwhile."""
-    if ctx.remote.alive and (ctx.lock is None or ctx.lock.held):
+    if ctx.remote.alive and (ctx.lock is None or ctx.lock.held) and _answers(ctx):
         return True
     from orchestrator.remote.lock import HostLock
 
+    if ctx.lock is not None:
+        with contextlib.suppress(Exception):
+            ctx.lock.release()
     with contextlib.suppress(Exception):
         ctx.remote.close()
     try:
@@ -415,14 +428,25 @@ def _failed_event(ctx: Context, detail: str) -> Any:
 def _save_final(ctx: Context) -> str:
     """Write the record once more at the end; if the host cannot take it, keep it on the
     controller. Returns text for the result message ("" when saved on the host)."""
-    try:
-        ctx.store.write_record(ctx.record) if ctx.persist and ctx.record else None
+    if not (ctx.persist and ctx.record):
         ctx.journal_error = None
         return ""
-    except DsvError as exc:
-        local = _save_local(ctx.record) if ctx.record else "-"
-        return (f" (the record could not be written on the host: {exc.message}; "
-                f"saved here: {local})")
+    for attempt in range(2):
+        try:
+            ctx.store.write_record(ctx.record)
+            ctx.journal_error = None
+            return ""
+        except RemoteError as exc:
+            # the connection died under the write: one reconnect, then the local fallback
+            failure = exc
+            if attempt or not _reconnect(ctx):
+                break
+        except DsvError as exc:  # the host refused it (disk full, ...): retrying cannot help
+            failure = exc
+            break
+    local = _save_local(ctx.record)
+    return (f" (the record could not be written on the host: {failure.message}; "
+            f"saved here: {local})")
 
 
 def _save_local(rec: ReleaseRecord) -> str:
