@@ -44,7 +44,7 @@ ENV_VAR = "DSV4_KERNELS_SGLANG"
 BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"
 SUPPORTED_VERSION = "0.5.23"
 PTH_NAME = "dsv4_kernels_sglang.pth"
-# the engine log line `dsv4ctl status` reads (orchestrator/apply KERNELS_LOG spells it too)
+# the engine log line dsv4ctl status reads (orchestrator/apply/kernels_seen.py spells it too)
 ACTIVE_LOG = "[dsv4_kernels] active"
 PTH_LINE = (
     "import os; os.environ.get('DSV4_KERNELS_SGLANG', '0') not in ('', '0') and "

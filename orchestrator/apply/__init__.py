@@ -188,6 +188,9 @@ class HistoryRow:
     qualification: dict[str, Any] | None = None
     # per role, the KV pool the plan predicted and the engine reported (the measure step)
     pool: list[dict[str, Any]] = field(default_factory=list)
+    # per engine process: role, pid and the kernels it loaded when the release was last verified
+    # healthy (empty with kernels disabled)
+    kernels: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _ms(v: Any) -> str:
@@ -246,7 +249,8 @@ def history(host_name: str, host: Host) -> list[HistoryRow]:
             restarted=r.restarted_roles, failed_step=failed,
             events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events],
             qualification=r.qualification.model_dump(mode="json") if r.qualification else None,
-            pool=[m.model_dump(mode="json") for m in r.pool]))
+            pool=[m.model_dump(mode="json") for m in r.pool],
+            kernels=[k.model_dump(mode="json") for k in r.kernels]))
     return rows
 
 
@@ -315,6 +319,7 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
 
 
 def status(host_name: str, host: Host) -> StatusReport:
+    from orchestrator.apply.kernels_seen import loaded_by_pid
     from orchestrator.apply.metrics import release_metrics
     from orchestrator.apply.steps import load_release, role_units
     from orchestrator.health import evaluate
@@ -350,7 +355,12 @@ def status(host_name: str, host: Host) -> StatusReport:
                               "pid": st.main_pid if st else 0,
                               "restarts": st.restarts if st else 0})
         if dep.kernels_enabled:
-            _kernels_loaded(remote, store, dep, rep.units)
+            engines = {r.name for r in dep.roles}
+            seen = loaded_by_pid(remote, store, dep.install_root,
+                                 {u["role"]: u["pid"] for u in rep.units if u["role"] in engines})
+            for u in rep.units:
+                if u["role"] in seen:
+                    u["kernels"] = seen[u["role"]]
         report = evaluate(http, dep, states, {})
         by_role: dict[str, list[Any]] = {}
         for r in report.results:
@@ -386,53 +396,6 @@ def status(host_name: str, host: Host) -> StatusReport:
                 rep.profile_drift += _server_info_drift(role, dep, info)
                 rep.pool_drift += _pool_drift(role.name, info, record)
     return rep
-
-
-# The line dsv4_kernels.sglang_hook logs when it activates in an engine process (sglang_hook.ACTIVE_LOG;
-# spelled twice because the core may not import the kernels package, tests pin that they agree).
-KERNELS_LOG = "[dsv4_kernels] active"
-
-
-def kernels_loaded(log_text: str, pid: int) -> str | None:
-    """The kernels directory the engine process ``pid`` imported, from its log (the hook's
-    activation line, symlinks resolved); None when that process logged none."""
-    found = None
-    prefix = f"{KERNELS_LOG} (pid {pid}): kernels from "
-    for line in log_text.splitlines():
-        if line.startswith(prefix):
-            found = line[len(prefix):].strip()
-    return found
-
-
-def _kernels_loaded(remote: Any, store: Any, dep: Any, units: list[dict[str, Any]]) -> None:
-    """Issue 20 item 6: which release's kernels each running engine loaded (the kernels ship
-    inside each release), read from the engine's log, with that release's kernels digest."""
-    import json
-
-    from orchestrator.release.ids import is_release_id
-
-    for u in units:
-        pid = u["pid"]
-        if not pid:
-            continue
-        log = f"{dep.install_root}/logs/{u['role']}.log"
-        res = remote.run(f"grep -aF {shlex.quote(f'{KERNELS_LOG} (pid {pid})')} "
-                         f"{shlex.quote(log)} | tail -n 1", timeout=30)
-        path = kernels_loaded(res.stdout, pid)
-        if path is None:
-            u["kernels"] = "none loaded (no activation line from this pid in its log)"
-            continue
-        parts = path.rstrip("/").split("/")
-        release = parts[-2] if len(parts) >= 2 and parts[-1] == "kernels" else ""
-        if not is_release_id(release):
-            u["kernels"] = path  # not from a release dir (an older, pip-installed copy)
-            continue
-        try:
-            digest = json.loads(store.read_files(release, ["kernels.json"])["kernels.json"]
-                                )["sha256"][:12]
-        except (DsvError, KeyError, ValueError, TypeError):
-            digest = "digest unreadable"
-        u["kernels"] = f"release {release}, sha256 {digest}"
 
 
 def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:

@@ -42,7 +42,14 @@ from orchestrator.planner.transition import (
 from orchestrator.planner_model import Action, Plan, summarize_actions
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
-from orchestrator.release.record import Event, Qualification, ReleaseRecord, plan_id, stamp
+from orchestrator.release.record import (
+    Event,
+    KernelsSeen,
+    Qualification,
+    ReleaseRecord,
+    plan_id,
+    stamp,
+)
 from orchestrator.release.store import MANIFEST, PLAN, ReleaseStore, release_files
 from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.lock import HostLock
@@ -743,9 +750,30 @@ def qualify(ctx: Context, step: Any) -> Outcome:
 
 # ------------------------------------------------------------------------------------ record ---
 
+def kernels_seen(ctx: Context) -> list[KernelsSeen]:
+    """The kernels each engine process of the target release loaded (its unit's MainPID, the
+    hook's line in its log), for the record of a release just verified healthy; empty when the
+    release ships no kernels. A failed read is recorded as such, never fails the step."""
+    from orchestrator.apply.kernels_seen import loaded_by_pid
+
+    dep = ctx.deployment
+    if dep is None or not dep.kernels_enabled:
+        return []
+    units = {r.name: r.unit for r in dep.roles}
+    try:
+        states = ctx.svc.show(list(units.values()))
+        pids = {role: states[u].main_pid if u in states else 0 for role, u in units.items()}
+        seen = loaded_by_pid(ctx.remote, ctx.store, ctx.host.install_root, pids)
+    except DsvError as exc:
+        return [KernelsSeen(role=role, pid=0, loaded=f"unreadable: {exc.message}")
+                for role in sorted(units)]
+    return [KernelsSeen(role=role, pid=pids[role], loaded=seen[role]) for role in sorted(seen)]
+
+
 def record_healthy(ctx: Context, step: Any) -> Outcome:
     assert ctx.record is not None and ctx.profile is not None
     ctx.record.status = "healthy"
+    ctx.record.kernels = kernels_seen(ctx)
     ctx.save_record()
     pruned = ctx.store.prune(ctx.profile.rollout.keep_releases, last_healthy=ctx.record.id)
     return Outcome(detail="pruned " + ", ".join(pruned) if pruned else "nothing to prune")
@@ -757,6 +785,7 @@ def record_rollback(ctx: Context, step: Any) -> Outcome:
     assert ctx.target is not None
     t = stamp(ctx.now())
     own = ctx.record
+    seen = kernels_seen(ctx)
 
     def update(release: str, change: Callable[[ReleaseRecord], None]) -> None:
         if own is not None and own.id == release:
@@ -769,6 +798,7 @@ def record_rollback(ctx: Context, step: Any) -> Outcome:
 
     def to(rec: ReleaseRecord) -> None:
         rec.status = "healthy"
+        rec.kernels = seen
         rec.events.append(Event(time=t, kind="rollback-to", other=ctx.from_release,
                                 detail=ctx.health or None))
 

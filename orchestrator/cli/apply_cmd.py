@@ -323,7 +323,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             fmt: str) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
-    (recall, tok/s, TTFT), rollbacks."""
+    (recall, tok/s, TTFT), the kernels its engines loaded when verified healthy, rollbacks."""
     import dataclasses
     import json
 
@@ -358,6 +358,9 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
             _echo(f"      failed at {r.failed_step}")
         for m in r.pool:
             _echo(f"      {pool_line(m)}")
+        for k in r.kernels:
+            _echo(f"      kernels {k['role']} (pid {k['pid']}, when verified healthy): "
+                  f"{k['loaded']}")
         for e in r.events:
             _echo(f"      {e}")
     _echo("(* = current)")

@@ -76,6 +76,18 @@ class Qualification(BaseModel):
     figures: dict[str, float | int | str] = Field(default_factory=dict)
 
 
+class KernelsSeen(BaseModel):
+    """The kernels one engine process loaded, read from its log when the release was verified
+    healthy (issue 20): ``release <id>, sha256 <12 hex>``, a path outside the releases, or
+    "none loaded (...)"; :mod:`orchestrator.apply.kernels_seen` reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: str
+    pid: int
+    loaded: str
+
+
 class ReleaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -100,6 +112,10 @@ class ReleaseRecord(BaseModel):
     # set by the measure step (issue 22): per role, the KV pool the plan predicted and the one the
     # engine reported after its start; empty when it did not run (and in older records)
     pool: list[PoolMeasurement] = Field(default_factory=list)
+    # per engine process, the kernels it loaded when this release was last verified healthy (its
+    # apply's record step, or a rollback or restore to it); empty when kernels are disabled (and
+    # in older records)
+    kernels: list[KernelsSeen] = Field(default_factory=list)
 
     def begin(self, step: str, now: datetime) -> JournalEntry:
         entry = JournalEntry(step=step, start=stamp(now))

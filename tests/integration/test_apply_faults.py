@@ -4,15 +4,18 @@ Owns the proof that every fault ends healthy or honestly down: a dropped connect
 the ``current`` switch, dsv4ctl SIGKILLed in each phase then re-run, a concurrent saved-plan
 apply, a rollback refused or failing, a failed restore recovered, a failed attempt re-planned.
 After each case the harness observes the host itself (units, their PIDs and restarts, ``current``,
-the lock, generation through the router) and checks that ``dsv4ctl status`` and ``history`` say
-the same (:func:`agree`). The cases share the session's fake hosts (``hosts`` fixture) and reset
-host1 between cases (the ``env`` fixture of ``test_apply``), so the matrix adds about a minute.
+the lock, generation through the router, the kernels each running engine loaded) and checks that
+``dsv4ctl status`` and ``history`` say the same (:func:`agree`). The cases marked ``kernels_on``
+ship the bundled kernels in every release, so that part of the check is real there. The cases
+share the session's fake hosts (``hosts`` fixture) and reset host1 between cases (the ``env``
+fixture of ``test_apply``), so the matrix adds about a minute.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +37,24 @@ pytestmark = pytest.mark.integration
 env = base.env  # the same fixture: host1 reset before and after each case
 UNITS = {"prefill": "dsv4-itest-prefill.service", "decode": "dsv4-itest-decode.service",
          "router": "dsv4-itest-router.service"}
+ENGINES = ("prefill", "decode")
+HOOK_PTH = "/opt/sglang-env/lib/python3*/site-packages/dsv4_kernels_sglang.pth"
+
+
+@pytest.fixture
+def kernels_on(monkeypatch: pytest.MonkeyPatch, env: Env) -> Any:
+    """Every profile of the case ships the bundled kernels (no self-test: the simulator has no
+    GPU); the SGLang hook line they install in the shared engine env is removed afterwards."""
+    plain = base.profile_dict
+
+    def with_kernels(*a: Any, **kw: Any) -> dict[str, Any]:
+        d = plain(*a, **kw)
+        d["kernels"] = {"enabled": True, "selftest": False, "bf16_gemms": False}
+        return d
+
+    monkeypatch.setattr(base, "profile_dict", with_kernels)
+    yield
+    env.fake.exec(f"rm -f {HOOK_PTH}")
 
 
 def cli_json(env: Env, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
@@ -61,10 +82,34 @@ def observed_units(env: Env) -> dict[str, dict[str, Any]]:
     return out
 
 
+def observed_kernels(env: Env, units: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Engine role -> the kernels its running process loaded, read by the harness on the host:
+    the hook's activation line for the unit's MainPID in the role's log, the release directory
+    it names and that release's kernels.json digest; None when that process logged no line."""
+    out: dict[str, str | None] = {}
+    for role in ENGINES:
+        pid = units[role]["pid"]
+        if not pid:
+            continue
+        log = env.fake.exec(f"cat {ROOT}/logs/{role}.log").stdout
+        lines = [ln for ln in log.splitlines()
+                 if ln.startswith(f"[dsv4_kernels] active (pid {pid}): kernels from ")]
+        if not lines:
+            out[role] = None
+            continue
+        m = re.fullmatch(rf"{re.escape(ROOT)}/releases/(r[^/]+)/kernels", lines[-1].split()[-1])
+        assert m, lines[-1]
+        digest = json.loads(env.fake.read(f"{ROOT}/releases/{m[1]}/kernels.json"))["sha256"]
+        out[role] = f"release {m[1]}, sha256 {digest[:12]}"
+    return out
+
+
 def agree(env: Env, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     """`dsv4ctl status` and `history` describe the host as the harness observes it: current,
-    each unit's state, pid and restarts, every release's record, no record left "applying",
-    the lock free. Returns the status document."""
+    each unit's state, pid and restarts, the kernels each running engine loaded (status: now;
+    history: the current release's, when it was verified healthy, which a healthy current
+    release's engines still are), every release's record, no record left "applying", the lock
+    free. Returns the status document."""
     assert env.lock_free(), "the host lock is still held"
     rc, st = cli_json(env, capsys, "status", "--host", "h", "--format", "json")
     cur = env.current()
@@ -76,6 +121,19 @@ def agree(env: Env, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
                 for u in st["units"]} == seen
         assert st["healthy"] == (rc == 0 or bool(st["file_drift"] or st["profile_drift"]))
         assert st["healthy"] == env.serves()
+        kernels = observed_kernels(env, seen)
+        shipped = json.loads(env.fake.read(f"{ROOT}/releases/{cur}/plan.json")
+                             )["deployment"]["kernels_enabled"]
+        said_now = {u["role"]: u.get("kernels") for u in st["units"] if u["role"] in kernels}
+        if shipped:
+            assert said_now == {r: k or "none loaded (no activation line from this pid in its "
+                                "log)" for r, k in kernels.items()}
+            if st["healthy"]:  # every engine runs the current release's kernels (by content)
+                digest = json.loads(env.fake.read(f"{ROOT}/releases/{cur}/kernels.json"))
+                assert kernels and all(k and k.endswith(f"sha256 {digest['sha256'][:12]}")
+                                       for k in kernels.values()), kernels
+        else:
+            assert said_now == dict.fromkeys(kernels) and not any(kernels.values()), kernels
     _, hist = cli_json(env, capsys, "history", "--host", "h", "--json")
     assert [r["id"] for r in hist] == env.releases()
     for row in hist:
@@ -83,11 +141,16 @@ def agree(env: Env, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
         assert row["current"] == (row["id"] == cur)
         assert rec["status"] != "applying" and row["status"] == rec["status"], row
         assert all(e["result"] != "running" for e in rec["journal"]), rec["journal"]
+        assert row["kernels"] == rec.get("kernels", [])
+        if row["current"] and rec["status"] == "healthy":
+            assert {k["role"]: (k["pid"], k["loaded"]) for k in row["kernels"]} == {
+                r: (seen[r]["pid"], k) for r, k in kernels.items() if shipped}, row["kernels"]
     return st
 
 
 # --------------------------------------------------------------- a fault right after the switch ---
 
+@pytest.mark.usefixtures("kernels_on")
 def test_connection_dropped_right_after_switch_rolls_back(env: Env, monkeypatch: Any,
                                                           capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
@@ -168,6 +231,7 @@ def kill_during(env: Env, action: str, *args: str) -> str:
     return "".join(lines)
 
 
+@pytest.mark.usefixtures("kernels_on")
 @pytest.mark.parametrize(("action", "phase"), [
     ("stop_changed", "before the switch"),
     ("install_units", "right after the switch"),
@@ -259,6 +323,7 @@ def test_refused_rollback_to_incomplete_release_changes_nothing(
     assert journal(env.record(r1))["rollback:preflight"] == "failed"
 
 
+@pytest.mark.usefixtures("kernels_on")
 def test_explicit_rollback_to_broken_release_falls_back(env: Env,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
@@ -283,6 +348,7 @@ def test_explicit_rollback_to_broken_release_falls_back(env: Env,
     agree(env, capsys)
 
 
+@pytest.mark.usefixtures("kernels_on")
 def test_failed_restore_then_printed_recovery_works(env: Env,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 20 #4 and #7: after a failed restore (exit 4) the target is not left marked healthy,
@@ -306,6 +372,7 @@ def test_failed_restore_then_printed_recovery_works(env: Env,
     agree(env, capsys)
 
 
+@pytest.mark.usefixtures("kernels_on")
 def test_failed_attempt_then_replan_applies(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 20 #8: the plan saved before a failed attempt stays refused, a re-plan (which saw the
     attempt) gets a new id and applies."""

@@ -5,7 +5,9 @@ restarts the decode, and the restarted decode imports r1's kernels: the real .pt
 engine env activates in the simulator's process (the engine env carries SGLang 0.5.23's metadata),
 imports dsv4_kernels from `<install_root>/current/kernels` (the PYTHONPATH of the role's env file)
 and logs the resolved directory with its pid. `dsv4ctl status` reads that line for the unit's
-MainPID and names the release and its kernels digest; the harness checks the same from the host.
+MainPID and names the release and its kernels digest; the harness checks the same from the host,
+and that `history` shows, for the current release, what each engine loaded when it was verified
+healthy (the fault matrix's :func:`~tests.integration.test_apply_faults.agree`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from orchestrator import kernels_package
 from orchestrator.apply import steps
 from tests.integration.test_apply import ROOT, Env, env  # noqa: F401  (the fixture)
+from tests.integration.test_apply_faults import agree
 
 pytestmark = pytest.mark.integration
 DIGEST_1, DIGEST_2 = "1" * 64, "2" * 64
@@ -65,6 +68,7 @@ def test_rollback_restores_the_release_kernels(env: Env, tmp_path: Path,  # noqa
         pid2, loaded = _loaded_by_decode(env)
         assert loaded == f"{ROOT}/releases/{r2}/kernels"
         assert "RELEASE_MARK = '2'" in env.fake.read(f"{loaded}/dsv4_kernels/__init__.py")
+        agree(env, capsys)
 
         assert env.cli("rollback", r1, "--host", "h") == 0
         env.assert_recovered(r1)
@@ -85,5 +89,13 @@ def test_rollback_restores_the_release_kernels(env: Env, tmp_path: Path,  # noqa
         units = {u["role"]: u for u in json.loads(capsys.readouterr().out)["units"]}
         assert units["decode"]["pid"] == pid1
         assert units["decode"]["kernels"] == want.removeprefix("kernels: ")
+        agree(env, capsys)  # status and history against the harness, both engines
+        capsys.readouterr()
+        assert env.cli("history", "--host", "h") == 0
+        c = capsys.readouterr()
+        out = " ".join((c.out + c.err).split())
+        shown = out[out.index(f"* {r1}"):]
+        assert (f"kernels decode (pid {pid1}, when verified healthy): release {r1}, sha256 "
+                f"{DIGEST_1[:12]}") in shown.split(f" {r2} ")[0], out
     finally:
         env.fake.exec("rm -f /opt/sglang-env/lib/python3*/site-packages/dsv4_kernels_sglang.pth")

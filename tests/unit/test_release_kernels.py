@@ -211,7 +211,7 @@ def test_status_reads_the_line_the_hook_logs() -> None:
     # two packages spell the line (the core may not import the kernels); this pins that they agree
     from dsv4_kernels import sglang_hook
 
-    from orchestrator.apply import KERNELS_LOG, kernels_loaded
+    from orchestrator.apply.kernels_seen import KERNELS_LOG, kernels_loaded
 
     assert sglang_hook.ACTIVE_LOG == KERNELS_LOG
     log = (f"{KERNELS_LOG} (pid 7): kernels from /srv/dsv4/releases/r2/kernels\n"
