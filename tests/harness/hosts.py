@@ -240,6 +240,15 @@ class FakeHost:
         _run(["ip", "-n", self.netns, "addr", "add", f"{self.address}/24", "dev", "eth0"])
         _run(["ip", "-n", self.netns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", self.netns, "link", "set", "lo", "up"])
+        self._forget_neighbour()
+
+    def _forget_neighbour(self) -> None:
+        """Drop the machine's ARP entry for this host's address. The address belongs to the slot,
+        so the previous host of the slot (a cluster that just closed) left an entry with its own
+        MAC; while that entry stays REACHABLE (15-45 s after its last use, then 8 s of probes) the
+        machine sends to a MAC that no longer exists and the new host does not answer, which made
+        sshd bring-up miss its 30 s wait whenever a slot was reused at once."""
+        _run(["ip", "neigh", "flush", "to", self.address, "dev", BRIDGE], check=False)
 
     def _anchor_up(self) -> None:
         self.cgroup.mkdir(parents=True, exist_ok=True)
@@ -452,6 +461,7 @@ class FakeHost:
         self.systemd = self.anchor = None
         _run(["ip", "netns", "del", self.netns], check=False)
         _run(["ip", "link", "del", self.veth], check=False)
+        self._forget_neighbour()
 
     # -- conveniences for tests --------------------------------------------------------------
     def inventory_dict(self) -> dict[str, Any]:

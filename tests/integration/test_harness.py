@@ -178,6 +178,31 @@ def test_filesystems_are_private(hosts: list[FakeHost]) -> None:
         h1.exec("rm -f /srv/dsv4/marker ~/.config/systemd/user/marker")
 
 
+def test_reused_address_answers_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A host that takes over an address (a slot reused by the next cluster, here the same host
+    restarted) answers at once although the machine still holds a REACHABLE neighbour entry for
+    it with the previous host's MAC. That entry used to black-hole the new host for 15-45 s
+    (base_reachable_time) plus 8 s of probes, so the next cluster's sshd bring-up intermittently
+    hit its 30 s wait ("nothing answers SSH", seen under xdist and concurrent runs)."""
+    waits: list[float] = []
+
+    def short_wait(addr: str, port: int, timeout: float) -> None:
+        waits.append(timeout)
+        real_wait(addr, port, 5.0)
+
+    real_wait = hosts_mod._wait_port
+    with HostCluster(n=1, workdir=tmp_path) as cluster:
+        h = cluster[0]
+        h.stop()
+        # what the previous user of the address leaves behind: a confirmed entry to its MAC
+        hosts_mod._run(["ip", "neigh", "replace", h.address, "lladdr", "02:00:5e:00:53:01",
+                        "dev", hosts_mod.BRIDGE, "nud", "reachable"])
+        monkeypatch.setattr(hosts_mod, "_wait_port", short_wait)
+        h.start()
+        assert waits, "the restarted host's sshd was not waited for"
+        assert h.exec("echo up", check=True).stdout == "up\n"
+
+
 def test_missing_tools_raise_not_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setattr(hosts_mod, "_sshd_path", lambda: None)
     monkeypatch.setattr(hosts_mod.shutil, "which", lambda _name: None)
