@@ -163,8 +163,11 @@ def test_ssh_via_fabric_reaches_each_host(hosts: list[FakeHost]) -> None:
 
 def test_filesystems_are_private(hosts: list[FakeHost]) -> None:
     h1, h2 = hosts
-    h1.exec("echo one > /srv/dsv4/marker && echo unit > ~/.config/systemd/user/marker",
-            check=True)
+    # the unit folder exists once something installed a unit: make it, or the test passes only
+    # after another test file has applied on these session hosts (it failed run alone or first
+    # on an xdist worker)
+    h1.exec("echo one > /srv/dsv4/marker && mkdir -p ~/.config/systemd/user && "
+            "echo unit > ~/.config/systemd/user/marker", check=True)
     try:
         assert h1.read("/srv/dsv4/marker") == "one\n"
         assert h2.exec("test -e /srv/dsv4/marker").returncode == 1
