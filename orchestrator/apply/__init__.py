@@ -3,7 +3,10 @@
 Each function opens its own SSH connection (:mod:`orchestrator.remote`), works through the steps of
 ``playbooks/*.yaml`` (:mod:`.executor`, :mod:`.steps`) and returns a result for the CLI to print;
 nothing here prints or exits. Only this package, the remote layer and ``dsv4ctl``'s command module
-import fabric.
+import fabric. An apply is :func:`prepare_apply` then its :class:`PreparedApply`'s switch; a fleet
+(:mod:`.fleet_ops`) prepares every host before the first switch. Past ~400 lines: the seam, when
+another engineer is not changing it, is status (with its drift and kernels readers) into its own
+module.
 """
 
 from __future__ import annotations
@@ -43,9 +46,55 @@ def probe_for_apply(host_name: str, host: Host, model_path: str) -> tuple[Any, A
 
 def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str,
                saved: bool, remote: Any = None) -> Any:
-    """Apply ``plan`` to the host. ``saved``: the plan came from a file, so it is checked for
-    staleness against freshly probed facts (a plan made seconds ago in-process is not).
-    ``remote``: an open connection to use (and close), e.g. from :func:`probe_for_apply`."""
+    """Apply ``plan`` to the host: :func:`prepare_apply`, then its switch. ``saved``: the plan
+    came from a file, so it is checked for staleness against freshly probed facts (a plan made
+    seconds ago in-process is not). ``remote``: an open connection to use (and close), e.g.
+    from :func:`probe_for_apply`."""
+    prepared = prepare_apply(plan, host_name, host, out=out, command=command, saved=saved,
+                             remote=remote)
+    return prepared.switch() if isinstance(prepared, PreparedApply) else prepared
+
+
+@dataclass
+class PreparedApply:
+    """An apply whose release is on its host (uploaded, verified, kernels unpacked into
+    ``releases/<id>/kernels/``) under the held host lock, nothing serving changed yet: the
+    state between a fleet's parallel prepare phase and the host's wave (issue 23). Finish it
+    with exactly one of :meth:`switch` or :meth:`cancel`; each closes the connection."""
+
+    runner: Any
+    ctx: Any
+    profile: Any
+    out: Out
+
+    @property
+    def release(self) -> str | None:
+        return self.ctx.target
+
+    def switch(self) -> Any:
+        try:
+            return self.runner.switch(self.ctx)
+        finally:
+            self._close()
+
+    def cancel(self, why: str) -> Any:
+        try:
+            return self.runner.cancel(self.ctx, why)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        try:
+            _publish_metrics(self.ctx.remote, self.ctx.host, self.profile, self.out)
+        finally:
+            self.ctx.remote.close()
+
+
+def prepare_apply(plan: Plan, host_name: str, host: Host, *, out: Out, command: str,
+                  saved: bool, remote: Any = None) -> Any:
+    """The prepare phase of :func:`apply_plan` (:meth:`.executor.Runner.prepare`): a
+    :class:`PreparedApply`, or the apply's Result when it ended there (no changes, or a
+    prepare step failed with nothing serving changed; the connection is then closed)."""
     from orchestrator.apply.executor import Runner
     from orchestrator.apply.steps import Context, profile_from_plan
 
@@ -67,17 +116,24 @@ def apply_plan(plan: Plan, host_name: str, host: Host, *, out: Out, command: str
             remote.close()
         raise
     remote = remote if remote is not None else _connect(host_name, host)
+    runner = Runner(out)
+    done = True
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
-                      now=Runner(out).now, command=command)
+                      now=runner.now, command=command)
         ctx.plan, ctx.saved_plan = plan, saved
         ctx.deployment, ctx.profile = plan.deployment, profile
-        return Runner(out).apply(ctx)
+        res = runner.prepare(ctx)
+        if res is not None:
+            return res
+        done = False
+        return PreparedApply(runner, ctx, profile, out)
     finally:
-        try:
-            _publish_metrics(remote, host, profile, out)
-        finally:
-            remote.close()
+        if done:
+            try:
+                _publish_metrics(remote, host, profile, out)
+            finally:
+                remote.close()
 
 
 def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> None:

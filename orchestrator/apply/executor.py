@@ -11,6 +11,12 @@ Owns the failure semantics of apply (issue 4, shared research anchors A.2 #5-6):
   (the rollback playbook runs with further Ctrl-C deferred), the record says ``interrupted``;
 - the host lock is released on every path (and by the kernel if we die anyway);
 - the result names what was done, what was not, and the exact command to recover.
+
+An apply runs in two phases (issue 23): :meth:`Runner.prepare` (the steps before the first
+``on_failure: rollback`` one: preflight, upload, kernels) and :meth:`Runner.switch` (the rest), or
+:meth:`Runner.cancel` when a fleet rollout stops before the host's wave; the single host runs both
+at once. Past ~400 lines because apply, rollback and their failure paths share one journal and
+one lock discipline; the seam, if it is split, is apply vs rollback.
 """
 
 from __future__ import annotations
@@ -116,7 +122,9 @@ def run_playbook(pb: Playbook, ctx: Context, *, start: int = 0, end: int | None 
                     entry = rec.begin(name, ctx.now())
                 rec.finish(entry, "interrupted" if interrupted else "failed", ctx.now(),
                            error=error)
-                for later in pb.steps[i + 1:end]:
+                # every later step of the playbook, not only of this call's part: the
+                # playbook ends here
+                for later in pb.steps[i + 1:]:
                     rec.journal.append(type(entry)(step=ctx.journal_prefix + later.name,
                                                    start=entry.end or "", end=entry.end,
                                                    result="not-run"))
@@ -244,6 +252,25 @@ class Runner:
     now: Callable[[], datetime] = utcnow
 
     def apply(self, ctx: Context) -> Result:
+        """The single-host apply: :meth:`prepare`, then :meth:`switch`. A fleet runs the same
+        two phases, every host's prepare in parallel before the first switch (issue 23)."""
+        res = self.prepare(ctx)
+        return res if res is not None else self.switch(ctx)
+
+    @staticmethod
+    def switch_step(pb: Playbook) -> int:
+        """Index of the first step that may change what serves (``on_failure: rollback``): the
+        steps before it (preflight, upload, kernels) are the prepare phase."""
+        return next((i for i, s in enumerate(pb.steps) if s.on_failure == "rollback"),
+                    len(pb.steps))
+
+    def prepare(self, ctx: Context) -> Result | None:
+        """Phase 1 of an apply: the steps before the first that may change what serves
+        (``playbooks/apply.yaml``: preflight, upload, kernels into ``releases/<id>/kernels/``).
+        None: prepared, the release is on the host and its host lock stays held until
+        :meth:`switch` or :meth:`cancel`. A Result: finished with nothing serving changed (no
+        changes, or a prepare step failed and is journaled); the lock is released. A failing
+        preflight raises its error, as before the release exists."""
         from orchestrator.release.ids import new_release_id
         from orchestrator.release.record import plan_id
 
@@ -252,6 +279,7 @@ class Runner:
         ctx.rollback_timeout_s = float(ctx.profile.rollout.rollback_timeout_s)
         pid = plan_id(ctx.plan)
         host = ctx.host_name
+        prepared = False
         try:
             # preflight runs before the release (and its record) exists; its journal entry is
             # kept in memory and written with the record
@@ -277,12 +305,53 @@ class Runner:
             ctx.save_record()
             self.out(f"Release {ctx.target} (base {ctx.from_release or 'none'})")
             try:
-                run_playbook(pb, ctx, start=1)
+                run_playbook(pb, ctx, start=1, end=self.switch_step(pb))
+            except _StepError as err:
+                return self._after_failure(ctx, err)
+            prepared = True
+            return None
+        finally:
+            if not prepared and ctx.lock is not None:
+                ctx.lock.release()
+
+    def switch(self, ctx: Context) -> Result:
+        """Phase 2 of an apply prepared by :meth:`prepare`: stop, switch, units, start, health,
+        smoke, measure, qualify, record; a failure restores the last healthy release. Releases
+        the host lock."""
+        pb = load_playbook("apply", set(ACTIONS))
+        try:
+            try:
+                run_playbook(pb, ctx, start=self.switch_step(pb))
             except _StepError as err:
                 return self._after_failure(ctx, err)
             done, _ = _summary(ctx.record)
             return Result(ctx.target, "healthy", f"Apply complete: {ctx.target} is healthy.",
                           done=done)
+        finally:
+            if ctx.lock is not None:
+                ctx.lock.release()
+
+    def cancel(self, ctx: Context, why: str) -> Result:
+        """An apply prepared by :meth:`prepare` that will not be switched (its fleet rollout
+        stopped before this host's wave): nothing serving changed. The release stays on disk
+        (``keep_releases`` prunes it), its record says ``failed`` with ``why``, the lock is
+        released."""
+        rec = ctx.record
+        try:
+            if rec is not None:
+                pb = load_playbook("apply", set(ACTIONS))
+                now = ctx.now()
+                entry = rec.begin("fleet", now)
+                rec.finish(entry, "failed", now, error=f"not switched: {why}")
+                for later in pb.steps[self.switch_step(pb):]:
+                    rec.journal.append(type(entry)(step=later.name, start=entry.start,
+                                                   end=entry.end, result="not-run"))
+                rec.status = "failed"
+            unsaved = _save_final(ctx)
+            done, not_done = _summary(rec)
+            return Result(ctx.target, "failed", f"not switched: {why}; nothing serving was "
+                          f"changed ({ctx.from_release or 'no release'} is still current)"
+                          + unsaved, done=done, not_done=not_done)
         finally:
             if ctx.lock is not None:
                 ctx.lock.release()

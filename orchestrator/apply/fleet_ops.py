@@ -4,9 +4,11 @@ Owns what :func:`orchestrator.apply.rollout.run_rollout` asks of each host of a
 :class:`~orchestrator.planner_model.FleetPlan`: connect, take the fleet lock (on the router's host;
 each host's own lock is taken by its single-host apply), drain it through the router
 (:mod:`orchestrator.remote.router_api`: its workers removed, then its engines' running requests
-read down to zero from their ``/metrics``), apply its plan with :func:`orchestrator.apply.apply_plan`
-— the single-host path, unchanged — and put its workers back, verified through the router (each
-listed healthy, then one generation through it).
+read down to zero from their ``/metrics``), apply its plan with the single-host path in its two
+phases — :func:`orchestrator.apply.prepare_apply` (preflight, upload, kernels; every host in
+parallel before the first switch) and the prepared apply's switch in the host's wave, or its
+cancel when the rollout stops before that wave — and put its workers back, verified through the
+router (each listed healthy, then one generation through it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def fleet_lock_name(profile_name: str) -> str:
 class FleetOps:
     """:class:`~orchestrator.apply.rollout.HostOps` over SSH; close with :meth:`close`."""
 
+    kind = "rollout"  # the fleet journal's kind (.fleet_rollback.RollbackOps: "rollback")
+
     def __init__(self, fleet: FleetPlan, hosts: dict[str, Host], *, out: Out, command: str,
                  saved: bool = False, connect: Callable[[str, Host], Any] | None = None) -> None:
         from orchestrator.remote.connection import connect as ssh_connect
@@ -41,6 +45,9 @@ class FleetOps:
         self.fleet, self.hosts, self.out, self.command = fleet, hosts, out, command
         self.saved = saved
         self.releases: dict[str, str | None] = {}
+        # hosts prepared (release uploaded, host lock held) and not yet switched or cancelled
+        self.prepared: dict[str, Any] = {}
+        self.cancelled: dict[str, str | None] = {}  # host -> the prepared release not switched
         self._router_key: str | None = None
         self.router_up = False  # set by check_router: False on the first rollout (no router yet)
         self._connect = connect or ssh_connect
@@ -69,6 +76,9 @@ class FleetOps:
         self.fleet_lock.acquire()
 
     def close(self) -> None:
+        for host in list(self.prepared):  # an exception or Ctrl-C between prepare and switch
+            with contextlib.suppress(Exception):
+                self.cancel(host, "the rollout ended before this host's switch")
         if self.fleet_lock is not None:
             self.fleet_lock.release()
         for r in self.remotes.values():
@@ -137,8 +147,34 @@ class FleetOps:
 
     # -- HostOps -------------------------------------------------------------------------------
     def prepare(self, host: str) -> bool:
+        """The host's apply up to its switch (preflight under its host lock, upload, verify,
+        kernels): True when it has changes and is now prepared, False when there is nothing to
+        change. A failure raises, with nothing serving changed on the host."""
+        from orchestrator.apply import PreparedApply, prepare_apply
+        from orchestrator.apply.executor import raise_for
+
         self.remote(host)  # connect now: an unreachable host stops the rollout before any switch
-        return self.fleet.plan(host).has_changes
+        res = prepare_apply(self.fleet.plan(host), host, self.hosts[host],
+                            out=lambda line: self.out(f"[{host}] {line}"), command=self.command,
+                            saved=self.saved)
+        if isinstance(res, PreparedApply):
+            with self._lock:
+                self.prepared[host] = res
+            return True
+        raise_for(res)  # a prepare step failed: journaled in the host's record
+        return False  # no changes
+
+    def cancel(self, host: str, why: str) -> str | None:
+        """A prepared host that will not be switched: its record says so, its lock is freed.
+        Returns the release that was prepared (None: the host was not prepared)."""
+        with self._lock:
+            prepared = self.prepared.pop(host, None)
+        if prepared is None:
+            return None
+        self.cancelled[host] = prepared.release
+        res = prepared.cancel(why)
+        self.out(f"[{host}] {res.message}")
+        return prepared.release
 
     def drain(self, host: str, timeout_s: float) -> bool:
         from orchestrator.remote.router_api import engine_inflight, wait_drained
@@ -162,12 +198,11 @@ class FleetOps:
         return res.drained
 
     def switch(self, host: str) -> None:
-        from orchestrator.apply import apply_plan
         from orchestrator.apply.executor import raise_for
 
-        res = apply_plan(self.fleet.plan(host), host, self.hosts[host],
-                         out=lambda line: self.out(f"[{host}] {line}"), command=self.command,
-                         saved=self.saved)
+        with self._lock:
+            prepared = self.prepared.pop(host)
+        res = prepared.switch()
         self.releases[host] = res.release
         if res.status not in ("healthy", "no-changes"):
             raise_for(res)
@@ -201,22 +236,29 @@ class FleetOps:
 
     # -- the fleet's journal -------------------------------------------------------------------
     def write_journal(self, result: Any, started: float) -> str:
-        """One JSON record per rollout on the router's host (else the first host), under
-        ``<install_root>/fleet/``: the waves, each host's outcome, where it stopped and why.
-        Each host's own journal is its release record, written by its single-host apply."""
+        """One JSON record per rollout or fleet rollback on the router's host (else the first
+        host), under ``<install_root>/fleet/``: the waves, each host's outcome, where it stopped
+        and why. Each host's own journal is its release record, written by its single-host
+        apply or rollback."""
         on = self.fleet.router_on or self.fleet.hosts[0]
         root = self.hosts[on].install_root
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-        path = f"{root}/fleet/{self.fleet.profile_name}-{stamp}.json"
+        # milliseconds in the file name: two runs in one second (a refused rollback right after
+        # a rollout) must not overwrite each other's journal; names sort in time order
+        ms = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"{int(started * 1000) % 1000:03d}Z"
+        path = f"{root}/fleet/{self.fleet.profile_name}-{ms}.json"
         record = {
-            "profile": self.fleet.profile_name, "started": stamp,
+            "profile": self.fleet.profile_name, "kind": self.kind, "started": stamp,
             "finished": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
             "command": self.command, "waves": result.waves,
             "outcomes": [asdict(o) for o in result.outcomes.values()],
             "stopped_after_wave": result.stopped_after, "reason": result.reason,
             "exit_code": int(result.exit_code),
-            # the release each switched host's apply made (its record: releases/ID/record.json)
+            # the release each switched host now serves (a rollout: the one its apply made, its
+            # record releases/ID/record.json; a rollback: the one it went back to)
             "releases": dict(sorted(self.releases.items())),
+            # releases prepared (uploaded) on hosts the rollout stopped before: never switched
+            "prepared_not_switched": dict(sorted(self.cancelled.items())),
         }
         from orchestrator.remote import hostfs
 
@@ -254,10 +296,12 @@ def apply_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, out:
 def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[str, Host], Any],
                  command: str = "dsv4ctl status") -> dict[str, Any]:
     """The fleet at a glance: per host its current release, health (``status``: the single-host
-    status of :func:`orchestrator.apply.status`, run in parallel) and router membership (each of
-    its engines listed healthy by the router), and the last rollout's journal."""
+    status of :func:`orchestrator.apply.status`, run in parallel), host lock holder and router
+    membership (each of its engines listed healthy by the router); the last rollout's (or fleet
+    rollback's) journal, and the holder of the fleet lock when one is running now."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from orchestrator.remote.lock import is_locked, read_holder
     from orchestrator.remote.router_api import RouterApiError
 
     names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
@@ -267,6 +311,7 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
     ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command)
     listed: dict[str, bool] | None = None
     last: dict[str, Any] | None = None
+    running: str | None = None  # the fleet lock's holder: a rollout or rollback in progress
     try:
         try:
             workers = {w.url: w.is_healthy for w in ops.router().workers()}
@@ -275,6 +320,10 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
         except (RouterApiError, DsvError):
             listed = None
         on = fleet.router_on or fleet.hosts[0]
+        name = fleet_lock_name(fleet.profile_name)
+        if is_locked(ops.remote(on), hosts[on].install_root, name):  # a rollout running now
+            h = read_holder(ops.remote(on), hosts[on].install_root, name)
+            running = h.describe() if h else "unknown holder"
         root = shlex.quote(hosts[on].install_root + "/fleet")
         res = ops.remote(on).run(f"f=$(ls -1t {root}/*.json 2>/dev/null | head -n 1); "
                                  '[ -n "$f" ] && cat -- "$f"', timeout=30)
@@ -293,11 +342,13 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
             "current": getattr(rep, "current", None),
             "current_status": getattr(rep, "current_status", None),
             "healthy": bool(getattr(rep, "healthy", False)),
+            "locked_by": getattr(rep, "locked_by", None),
             "in_router": None if listed is None or n not in listed else listed[n],
             "error": rep if isinstance(rep, str) else None,
         })
     return {"profile": fleet.profile_name, "router_on": fleet.router_on, "hosts": rows,
-            "router_answers": listed is not None, "last_rollout": last}
+            "router_answers": listed is not None, "last_rollout": last,
+            "in_progress": running}
 
 
 def _safe_status(status: Callable[[str, Host], Any], name: str, host: Host) -> Any:

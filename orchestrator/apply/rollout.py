@@ -4,8 +4,11 @@ Owns the rollout's decisions, not its I/O: the per-host work goes through :class
 (:mod:`.fleet_ops` does it over SSH and the router's worker API; the benchmark and the unit tests
 use fakes). For a fleet planned by :func:`orchestrator.planner.fleet.plan_fleet`:
 
-1. ``prepare`` every host in parallel before the first switch (connect, probe facts, refuse a
-   stale plan); one host that fails here stops the rollout before anything changed.
+1. ``prepare`` every host in parallel before the first switch: the single-host apply's prepare
+   phase (connect, probe facts, refuse a stale plan, take the host lock, upload and verify the
+   release, unpack its kernels into ``releases/<id>/kernels/``); one host that fails here stops
+   the rollout before any switch, and the hosts already prepared are ``cancel``-led (their
+   records say why, nothing serving changed).
 2. Waves: the first ``canary`` hosts alone, then the rest at most ``max_unavailable`` at a time,
    hosts of a wave in parallel, ``pause_s`` between waves. For each host: ``drain`` (its workers
    out of the router, then its engines' running requests down to zero or ``drain_timeout_s``),
@@ -14,7 +17,8 @@ use fakes). For a fleet planned by :func:`orchestrator.planner.fleet.plan_fleet`
 3. A host whose apply fails was rolled back by the single-host path; it is put back into the
    router on its old release. The rollout stops after the canary wave when the canary failed, and
    after any wave once more than ``max_failures`` hosts failed. Hosts not reached stay on the
-   release they were serving.
+   release they were serving; the ones prepared are cancelled (their prepared release is never
+   switched to, their records say why).
 
 A host without changes is neither drained nor switched. The router's own host (a router-only
 host) goes last, after every engine host moved, because restarting the router is the one step
@@ -57,7 +61,8 @@ class Strategy:
 
 
 class HostOps(Protocol):
-    def prepare(self, host: str) -> bool: ...  # True: the host's plan has changes
+    def prepare(self, host: str) -> bool: ...  # True: changes, prepared; raises on failure
+    def cancel(self, host: str, why: str) -> str | None: ...  # a prepared host not switched
     def drain(self, host: str, timeout_s: float) -> bool: ...  # True: drained to zero
     def switch(self, host: str) -> None: ...  # single-host apply; raises ApplyFailed
     def restore(self, host: str) -> None: ...  # back into the router, verified through it
@@ -143,9 +148,12 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
         if errors:
             for h, msg in errors.items():
                 result.outcomes[h].state, result.outcomes[h].message = "failed", msg
-            result.reason = ("preparing " + ", ".join(sorted(errors)) + " failed; no host was "
-                             "switched")
+            first = sorted(errors)[0]
+            result.reason = ("preparing " + ", ".join(sorted(errors)) + " failed ("
+                             + (f"{first}: " if len(errors) > 1 else "") + errors[first]
+                             + "); no host was switched")
             result.stopped_after = -1
+            _cancel([h for h in every if changed.get(h)], ops, result, pool)
             return result
         out(f"prepared {len(every)} host(s) in {result.prepare_s:.2f}s; "
             f"{sum(changed.values())} with changes; {len(plan)} wave(s)")
@@ -172,10 +180,27 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
                                  f"{', '.join(bad)} failed ({failures} failure(s), budget "
                                  f"{strategy.max_failures}); the rollout stopped, hosts not "
                                  "reached keep their release")
+                _cancel([h for w in plan[i + 1:] for h in w if changed.get(h)], ops, result,
+                        pool)
                 return result
             if i + 1 < len(plan) and strategy.pause_s > 0 and todo:
                 sleep(strategy.pause_s)
     return result
+
+
+def _cancel(hosts: list[str], ops: HostOps, result: RolloutResult,
+            pool: ThreadPoolExecutor) -> None:
+    """The prepared hosts the rollout will not switch: each keeps serving what it served."""
+    def one(h: str) -> None:
+        o = result.outcomes[h]
+        try:
+            release = ops.cancel(h, result.reason)
+            if release:
+                o.message = f"{release} was prepared, never switched to (its record: failed)"
+        except DsvError as exc:
+            o.message = f"{o.message + '; ' if o.message else ''}cancelling it: {exc.message}"
+
+    list(pool.map(one, hosts))
 
 
 def _one_host(host: str, ops: HostOps, strategy: Strategy, o: HostOutcome,

@@ -157,9 +157,11 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     from orchestrator.paths import default_profile
 
     path = source or default_profile()
-    fleet = _fleet_source(path, inventory, host_name)
+    from orchestrator.cli.fleet_cmd import apply_fleet, fleet_source
+
+    fleet = fleet_source(path, inventory, host_name)
     if fleet is not None:
-        return _apply_fleet(*fleet, yes=yes)
+        return apply_fleet(*fleet, yes=yes)
     remote = None  # the probe's connection, reused by the apply (closed by apply_plan)
     if _is_plan_file(path):
         from orchestrator.planner.build import load_plan
@@ -197,90 +199,6 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     return 0
 
 
-def _fleet_source(path: Path, inventory: Path | None, host_name: str | None
-                  ) -> tuple[Any, dict[str, Any], Any, bool] | None:
-    """(fleet plan, hosts, profile, saved) when ``path`` is a fleet's profile (applied as a
-    fleet unless ``--host`` names one host) or a saved fleet plan; None for one host."""
-    import json
-
-    if _is_plan_file(path):
-        try:
-            kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            return None  # load_plan reports what is wrong with it
-        if kind != "fleet":
-            return None
-        from orchestrator.apply.steps import profile_from_plan
-        from orchestrator.planner.build import inventory_path_for, load_fleet_plan
-        from orchestrator.profile import load_inventory
-
-        fleet = load_fleet_plan(path)
-        inv_path = inventory_path_for(None, inventory)
-        if inv_path is None:
-            raise DsvError("a saved fleet plan needs the inventory of its hosts",
-                           fix="pass --inventory PATH (or set DSV4CTL_INVENTORY)")
-        every = load_inventory(inv_path).all_hosts()
-        names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-        missing = [n for n in names if n not in every]
-        if missing:
-            raise DsvError(f"the fleet plan names host(s) {', '.join(missing)} that the inventory "
-                           "does not declare", fix="apply it with the inventory it was made with")
-        return fleet, {n: every[n] for n in names}, profile_from_plan(fleet.plans[0]), True
-    from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
-
-    fctx = load_fleet(path, inventory, host_override=host_name)
-    if not fctx.is_fleet or fctx.focus:
-        return None
-    from orchestrator.planner.fleet_report import render_fleet_text
-    from orchestrator.remote import gather_facts
-
-    names = [n for n, _ in fctx.all_hosts]
-    _echo(f"Probing {len(names)} hosts in parallel ({', '.join(names)})...")
-    paths = [fctx.profile.model.path]
-    facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths))
-    fleet = plan_fleet(fctx, facts)
-    echo(render_fleet_text(fleet), nl=False)  # what is about to happen, as `plan` shows it
-    return fleet, dict(fctx.all_hosts), fctx.profile, False
-
-
-def _apply_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, saved: bool, *,
-                 yes: bool) -> int:
-    """A fleet's rolling/canary apply (issue 23): orchestrator.apply.rollout over every host."""
-    from orchestrator.apply.fleet_ops import apply_fleet
-    from orchestrator.apply.rollout import RolloutStopped, Strategy
-
-    if fleet.errors:
-        raise DsvError(f"the fleet plan has errors ({', '.join(fleet.failed_hosts) or 'fleet'}); "
-                       "nothing was applied", fix="`dsv4ctl plan` shows each host's checks")
-    s = profile.rollout.strategy
-    strategy = Strategy(canary=s.canary, max_unavailable=s.max_unavailable,
-                        max_failures=s.max_failures, pause_s=s.pause_s,
-                        drain_timeout_s=s.drain_timeout_s)
-    every = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-    if fleet.has_changes and not yes:
-        _confirm("apply", f"Roll {fleet.profile_name} out to {len(every)} hosts (canary "
-                          f"{s.canary}, then {s.max_unavailable} at a time)?")
-    _echo(f"Rolling {fleet.profile_name} out to {', '.join(every)} (canary {s.canary}, "
-          f"max_unavailable {s.max_unavailable}, max_failures {s.max_failures})")
-    result, where = apply_fleet(fleet, hosts, strategy, out=_echo, command=_command_line(),
-                                saved=saved)
-    _echo("")
-    for o in result.outcomes.values():
-        drained = "" if o.drained is None else (", drained" if o.drained else ", drain timed out")
-        _echo(f"  {o.host:<16} wave {o.wave + 1}: {o.state}{drained}"
-              + (f" - {o.message}" if o.message else ""))
-    _echo(f"The fleet's journal is {where}.")
-    if result.exit_code:
-        raise RolloutStopped(f"rollout of {fleet.profile_name} stopped: {result.reason}",
-                             exit_code=result.exit_code,
-                             fix="see each host's journal (dsv4ctl history --host NAME); hosts "
-                                 "not reached still serve their previous release")
-    _echo(f"Rollout complete: {sum(o.state == 'moved' for o in result.outcomes.values())} "
-          f"host(s) moved, {sum(o.state == 'unchanged' for o in result.outcomes.values())} "
-          "unchanged.")
-    return 0
-
-
 @click.command()
 @click.argument("release", required=False)
 @profile_option()
@@ -293,13 +211,33 @@ def _apply_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, saved: bool, *
 @verbose_option()
 def rollback(release: str | None, profile_path: Path | None, inventory: Path | None,
              host_name: str | None, yes: bool) -> int:
-    """Make RELEASE current again (default: the last healthy release before current).
+    """Make RELEASE current again (default: the last healthy release before current); on a
+    fleet, every host wave by wave.
 
     Restarts only the roles whose files differ, waits until healthy (rollout.rollback_timeout_s)
     and journals the steps in the target release's record.
+
+    \b
+    With -p FLEET-PROFILE (a profile whose hosts: is a group): every host of the fleet goes back
+    to its own previous healthy release, in the waves of the profile's rollout.strategy (canary
+    first), each host drained through the router before its rollback and put back after it;
+    the rollback stops before any host moves if one has no previous release, and after a
+    failed host like a rollout. With --host NAME too: that host only (drained the same way),
+    to RELEASE when given. The fleet's journal records it (`dsv4ctl history -p FLEET-PROFILE`).
+    Exit codes: 0 every host rolled back; 1 refused (unknown host, no previous release, nothing
+    changed); 3 a host's rollback failed and it serves what it served before; 4 that failed too.
     """
     from orchestrator.apply import rollback as do_rollback
 
+    if profile_path is not None:
+        from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+        fctx = load_fleet(profile_path, inventory)
+        if fctx.is_fleet:
+            from orchestrator.cli.fleet_cmd import rollback_fleet
+
+            return rollback_fleet(plan_fleet(fctx), dict(fctx.all_hosts), fctx.profile,
+                                  only=host_name, release=release, yes=yes)
     name, host = resolve_host(profile_path, inventory, host_name)
     if not yes:
         target = f"release {release}" if release else "the last healthy release before current"
@@ -335,7 +273,9 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
 
         fctx = load_fleet(profile_path, inventory)
         if fctx.is_fleet:
-            return _fleet_history(plan_fleet(fctx), dict(fctx.all_hosts), fmt)
+            from orchestrator.cli.fleet_cmd import fleet_history
+
+            return fleet_history(plan_fleet(fctx), dict(fctx.all_hosts), fmt)
     name, host = resolve_host(profile_path, inventory, host_name)
     rows = get_history(name, host)
     if chosen_format(fmt) == "json":
@@ -389,7 +329,9 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 
         fctx = load_fleet(profile_path, inventory)
         if fctx.is_fleet:
-            return _fleet_status(plan_fleet(fctx), dict(fctx.all_hosts), fmt)
+            from orchestrator.cli.fleet_cmd import fleet_status
+
+            return fleet_status(plan_fleet(fctx), dict(fctx.all_hosts), fmt)
     name, host = resolve_host(profile_path, inventory, host_name)
     rep = get_status(name, host)
     code = 0 if (rep.healthy and not rep.file_drift and not rep.profile_drift
@@ -457,62 +399,3 @@ def unlock(profile_path: Path | None, inventory: Path | None, host_name: str | N
 def register(group: click.Group) -> None:
     for cmd in (apply, rollback, history, status, unlock):
         group.add_command(cmd)
-
-
-def _fleet_status(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
-    """`status --profile FLEET`: per host its release, health and router membership, and where
-    the last rollout stopped. Exit 0 only when every host is healthy and in the router."""
-    import json
-
-    from orchestrator.apply import status as get_status
-    from orchestrator.apply.fleet_ops import fleet_status
-
-    st = fleet_status(fleet, hosts, status=get_status, command=_command_line())
-    ok = st["router_answers"] and all(
-        r["healthy"] and r["in_router"] is not False for r in st["hosts"])
-    if fmt == "json":
-        echo(json.dumps(st, indent=2), raw=True)
-        return 0 if ok else 1
-    _echo(f"fleet {st['profile']}: router on {st['router_on']}"
-          + ("" if st["router_answers"] else " (does not answer its worker API)"))
-    for r in st["hosts"]:
-        member = {True: "in router", False: "NOT in router", None: ""}[r["in_router"]]
-        health = "healthy" if r["healthy"] else "NOT healthy"
-        _echo(f"  {r['host']:<16} {r['role']:<7} {r['current'] or 'no release':<34} "
-              f"{health:<12} {member}" + (f"  ({r['error']})" if r["error"] else ""))
-    last = st["last_rollout"]
-    if last:
-        stop = last.get("stopped_after_wave")
-        where = ("completed" if stop is None else "stopped before the first switch: "
-                 f"{last.get('reason')}" if stop < 0
-                 else f"stopped after wave {stop + 1}: {last.get('reason')}")
-        _echo(f"last rollout {last.get('started')}: {where} (exit {last.get('exit_code')})")
-        for o in last.get("outcomes", []):
-            _echo(f"    {o['host']:<16} wave {o['wave'] + 1}: {o['state']}")
-    return 0 if ok else 1
-
-
-def _fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
-    """`history --profile FLEET`: every rollout, which hosts moved and where it stopped."""
-    import json
-
-    from orchestrator.apply.fleet_ops import fleet_history
-
-    rollouts = fleet_history(fleet, hosts, command=_command_line())
-    if chosen_format(fmt) == "json":
-        echo(json.dumps(rollouts, indent=2), raw=True)
-        return 0
-    if not rollouts:
-        _echo(f"no rollouts of {fleet.profile_name} recorded")
-        return 0
-    for r in rollouts:
-        stop = r.get("stopped_after_wave")
-        where = ("completed" if stop is None else "stopped before the first switch"
-                 if stop < 0 else f"stopped after wave {stop + 1}")
-        _echo(f"{r.get('started')}  exit {r.get('exit_code')}  {where}"
-              + (f": {r.get('reason')}" if stop is not None else ""))
-        for o in r.get("outcomes", []):
-            rel = (r.get("releases") or {}).get(o["host"])
-            _echo(f"    {o['host']:<16} wave {o['wave'] + 1}: {o['state']}"
-                  + (f" -> {rel}" if rel and o["state"] == "moved" else ""))
-    return 0

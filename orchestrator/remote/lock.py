@@ -86,8 +86,8 @@ def read_holder(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) ->
     return parse_holder(res.stdout) if res.ok else None
 
 
-def is_locked(remote: RemoteHost, install_root: str) -> bool:
-    lock, _ = lock_paths(install_root)
+def is_locked(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> bool:
+    lock, _ = lock_paths(install_root, name)
     q = shlex.quote(lock)
     res = remote.run(f"[ -e {q} ] || exit 0; flock -n -E {REFUSED_RC} {q} true", timeout=30)
     if res.rc == REFUSED_RC:

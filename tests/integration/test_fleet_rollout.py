@@ -6,6 +6,13 @@ each engine and the real sglang-router 0.3.2 in front of the three.
   host ends on the new release, each host's release record and the fleet's journal say so.
 - A canary whose health never comes up: only the canary moves, is rolled back, the other hosts
   never change, the router still serves from all three at the end; the exit code says so.
+- Every host's release is prepared (preflight under its lock, upload, verify) in parallel before
+  the first switch; a host whose prepare fails stops the rollout before any switch, nothing
+  serving changes anywhere, and the prepared hosts' records say they were never switched.
+- `rollback -p FLEET` under load: every host back to its previous release wave by wave, each
+  drained through the router: 0 failed requests, the records and the fleet's journal say so;
+  `rollback -p FLEET --host NAME` moves that host alone, and refuses clearly (unknown host, no
+  previous release, a RELEASE without --host).
 - `status --profile` of the fleet; a host whose sshd and engine die mid-wave stops the rollout.
 
 One cluster for the module (the box is small); the tests run in order and build on each other.
@@ -193,6 +200,13 @@ def test_rolling_update_under_load_drops_nothing(fleet: Fleet) -> None:
     assert states == {"gpu-a": "moved", "gpu-b": "moved", "gpu-c": "moved", "router-1": "moved"}
     assert all(o["drained"] for o in journal["outcomes"] if o["host"] in ENGINES)
     assert {journal["releases"][h] for h in ENGINES} == {fleet.current(h) for h in ENGINES}
+    # every host's release was uploaded before the first switch (the canary's stop), not in
+    # its wave: the prepare phase runs on all hosts in parallel first
+    steps = {h: _steps(fleet.record(h, fleet.current(h))) for h in (*ENGINES, "router-1")}
+    uploaded = max(s["upload"]["end"] for s in steps.values())
+    first_stop = min(s["stop"]["start"] for s in steps.values())
+    assert uploaded <= first_stop, (uploaded, first_stop)
+    assert steps["gpu-c"]["upload"]["end"] < steps["gpu-b"]["stop"]["start"]
     assert len(fleet.workers()) == 3 and all(w["is_healthy"] for w in fleet.workers())
 
 
@@ -259,6 +273,143 @@ def test_status_shows_the_fleet(fleet: Fleet, capsys: pytest.CaptureFixture[str]
     text = capsys.readouterr().out
     assert rc == 0 and "stopped after wave 1" in text and "gpu-a            wave 1: rolled_back" \
         in text
+
+
+def _steps(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A release record's journal by step name (the apply's own steps, not rollback:...)."""
+    return {e["step"]: e for e in record["journal"]}
+
+
+def test_a_host_failing_its_prepare_stops_the_rollout_before_any_switch(fleet: Fleet) -> None:
+    """gpu-c's host lock is held by another run: its prepare fails. gpu-a and gpu-b were prepared
+    in parallel (their new release uploaded), but no host switches: every host still serves the
+    release it served, under load nothing fails, the exit code is 1, the prepared hosts' records
+    say 'failed: not switched' and the fleet's journal says where it stopped. (Before the
+    prepare phase held the uploads, the canary gpu-a and gpu-b moved, and gpu-c failed in its
+    wave.)"""
+    before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
+    known = {h: set(fleet.fakes[h].exec(f"ls -1 {ROOT}/releases").stdout.split())
+             for h in ENGINES}
+    # the holder: one process (a shell that takes the lock on its fd 9, then becomes `sleep`),
+    # so ending it by its pid frees the lock (a `flock FILE sleep` child would keep it)
+    holder = fleet.fakes["gpu-c"].exec(
+        f"bash -c 'exec 9>>{ROOT}/.dsv4ctl.lock && flock -n 9 && exec sleep 300' "
+        ">/dev/null 2>&1 & echo $!", check=True)
+    pid = int(holder.stdout.strip())
+    deadline = time.monotonic() + 10
+    while fleet.fakes["gpu-c"].exec(f"flock -n {ROOT}/.dsv4ctl.lock true").returncode == 0:
+        assert time.monotonic() < deadline, "the lock holder did not take gpu-c's lock"
+        time.sleep(0.1)
+    try:
+        with Load(fleet) as load:
+            rc = fleet.apply(profile(cuda_graph_max_bs=24), "profile-prep.yaml")
+            time.sleep(0.5)
+    finally:
+        fleet.fakes["gpu-c"].exec(f"kill {pid}")
+    deadline = time.monotonic() + 10
+    while fleet.fakes["gpu-c"].exec(f"flock -n {ROOT}/.dsv4ctl.lock true").returncode != 0:
+        assert time.monotonic() < deadline, "gpu-c's lock is still held after its holder ended"
+        time.sleep(0.1)
+    assert rc == ExitCode.ERROR
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert {h: fleet.current(h) for h in before} == before  # nothing serving changed anywhere
+    journal = fleet.journals()[-1]
+    assert journal["stopped_after_wave"] == -1 and journal["exit_code"] == int(ExitCode.ERROR)
+    states = {o["host"]: o for o in journal["outcomes"]}
+    assert states["gpu-c"]["state"] == "failed" and "lock" in states["gpu-c"]["message"]
+    assert journal["releases"] == {}
+    for h in ("gpu-a", "gpu-b"):
+        assert states[h]["state"] == "not_reached", states[h]
+        new = sorted(set(fleet.fakes[h].exec(f"ls -1 {ROOT}/releases").stdout.split()) - known[h])
+        assert len(new) == 1, new  # its release was uploaded in the prepare phase ...
+        assert journal["prepared_not_switched"][h] == new[0]
+        rec = fleet.record(h, new[0])
+        steps = _steps(rec)
+        assert rec["status"] == "failed", rec["status"]  # ... and never switched to
+        assert steps["upload"]["result"] == "ok" and steps["switch"]["result"] == "not-run"
+        assert "not switched" in steps["fleet"]["error"]
+        assert fleet.fakes[h].exec(f"flock -n {ROOT}/.dsv4ctl.lock true").returncode == 0
+    assert not (set(fleet.fakes["gpu-c"].exec(f"ls -1 {ROOT}/releases").stdout.split())
+                - known["gpu-c"])  # refused before its upload
+    assert all(w["is_healthy"] for w in fleet.workers()) and len(fleet.workers()) == 3
+
+
+def _rollback(fleet: Fleet, *args: str) -> int:
+    return main(["rollback", *args, "-p", str(fleet.tmp / "profile-v2.yaml"), "-i",
+                 str(fleet.inventory), "--yes"])
+
+
+def test_fleet_rollback_under_load(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every host (the router's too) goes back to its previous healthy release, which is the
+    first rollout's, wave by wave like a rollout, each engine host drained through the router
+    before its rollback: 0 failed requests, every host on its first release, its record says it
+    serves again, and the fleet's journal and `history -p` tell it as a rollback."""
+    first = fleet.journals()[0]["releases"]
+    before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
+    assert all(first[h] != before[h] for h in before), (first, before)
+    with Load(fleet) as load:
+        time.sleep(0.5)
+        rc = _rollback(fleet)
+        time.sleep(0.5)
+    assert rc == 0
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert load.ok > 10
+    for h in before:
+        assert fleet.current(h) == first[h], h
+        rec = fleet.record(h, first[h])
+        assert rec["status"] == "healthy"
+        assert any(e["kind"] == "rollback-to" and e["other"] == before[h] for e in rec["events"])
+    journal = fleet.journals()[-1]
+    assert journal["kind"] == "rollback" and journal["exit_code"] == 0
+    assert journal["stopped_after_wave"] is None
+    assert journal["waves"] == [["gpu-a"], ["gpu-b"], ["gpu-c"], ["router-1"]]
+    assert {o["host"]: o["state"] for o in journal["outcomes"]} == dict.fromkeys(before, "moved")
+    assert all(o["drained"] for o in journal["outcomes"] if o["host"] in ENGINES)
+    assert journal["releases"] == first
+    workers = fleet.workers()
+    assert len(workers) == 3 and all(w["is_healthy"] for w in workers)
+    capsys.readouterr()
+    assert main(["history", "-p", str(fleet.tmp / "profile-v2.yaml"), "-i",
+                 str(fleet.inventory)]) == 0
+    text = capsys.readouterr().out
+    last = text[text.rindex("rollback "):]
+    assert "exit 0  completed" in last and f"gpu-a            wave 1: moved -> {first['gpu-a']}" \
+        in last, text
+
+
+def test_one_host_rollback(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rollback -p FLEET --host gpu-b`: refused with exit 1 and the reason when gpu-b has no
+    earlier release, for a host not in the fleet, and for a RELEASE without --host, nothing
+    changed; then to an explicit release under load, drained through the router: only gpu-b
+    moves, 0 failed requests."""
+    before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
+    n = len(fleet.journals())
+    capsys.readouterr()
+    assert _rollback(fleet, "--host", "gpu-b") == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "no previous release on host 'gpu-b'" in err, err
+    assert _rollback(fleet, "--host", "gpu-z") == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "host 'gpu-z' is not a host of fleet" in err and "gpu-a, gpu-b, gpu-c" in err, err
+    assert _rollback(fleet, before["gpu-b"]) == ExitCode.ERROR
+    assert "no --host was given" in capsys.readouterr().err
+    assert {h: fleet.current(h) for h in before} == before
+    refused = fleet.journals()[n:]
+    assert [(j["kind"], j["stopped_after_wave"]) for j in refused] == [("rollback", -1)]
+    second = fleet.journals()[1]["releases"]["gpu-b"]  # the rolling update's release
+    with Load(fleet) as load:
+        time.sleep(0.5)
+        rc = _rollback(fleet, second, "--host", "gpu-b")
+        time.sleep(0.5)
+    assert rc == 0
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert fleet.current("gpu-b") == second
+    assert {h: fleet.current(h) for h in before if h != "gpu-b"} == {
+        h: v for h, v in before.items() if h != "gpu-b"}
+    journal = fleet.journals()[-1]
+    assert journal["kind"] == "rollback" and journal["waves"] == [["gpu-b"]]
+    assert journal["outcomes"][0]["drained"] is True and journal["releases"] == {"gpu-b": second}
+    assert len(fleet.workers()) == 3 and all(w["is_healthy"] for w in fleet.workers())
 
 
 def _host_pids(h: FakeHost, match: tuple[str, ...]) -> list[int]:

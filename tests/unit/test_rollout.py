@@ -32,6 +32,10 @@ class FakeOps:
         self.release[host] = "old"
         return host not in self.unchanged
 
+    def cancel(self, host: str, why: str) -> str | None:
+        self.log("cancel", host)
+        return f"{host}-new"
+
     def drain(self, host: str, timeout_s: float) -> bool:
         self.log("drain", host)
         self.in_router.discard(host)
@@ -84,6 +88,9 @@ def test_canary_failure_stops_and_only_the_canary_moved() -> None:
     assert res.exit_code == ExitCode.ROLLED_BACK and res.stopped_after == 0
     assert res.outcomes["h1"].state == "rolled_back"
     assert [res.outcomes[h].state for h in ("h2", "h3")] == ["not_reached"] * 2
+    # the hosts prepared for later waves are cancelled, never switched
+    assert {h for w, h in ops.events if w == "cancel"} == {"h2", "h3"}
+    assert "never switched" in res.outcomes["h2"].message
     assert ops.release == {"h1": "old", "h2": "old", "h3": "old"}
     assert ops.in_router == {"h1", "h2", "h3"}  # the canary serves its old release again
     assert "canary" in res.reason
@@ -108,6 +115,9 @@ def test_rollback_failed_and_prepare_failed_exit_codes() -> None:
     assert res.exit_code == ExitCode.ERROR and res.stopped_after == -1
     assert not [e for e in ops.events if e[0] == "switch"]  # nothing switched
     assert "h2" in res.reason
+    # the hosts that were prepared are cancelled; the failed one is not (nothing to cancel)
+    assert {h for w, h in ops.events if w == "cancel"} == {"h1", "h3"}
+    assert res.outcomes["h2"].state == "failed" and res.outcomes["h1"].state == "not_reached"
 
 
 def test_unchanged_hosts_are_left_alone() -> None:
