@@ -294,7 +294,8 @@ def apply_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, out:
 
 
 def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[str, Host], Any],
-                 command: str = "dsv4ctl status") -> dict[str, Any]:
+                 command: str = "dsv4ctl status",
+                 connect: Callable[[str, Host], Any] | None = None) -> dict[str, Any]:
     """The fleet at a glance: per host its current release, health (``status``: the single-host
     status of :func:`orchestrator.apply.status`, run in parallel), host lock holder and router
     membership (each of its engines listed healthy by the router); the last rollout's (or fleet
@@ -308,7 +309,7 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
         reports = dict(zip(names, pool.map(lambda n: _safe_status(status, n, hosts[n]), names),
                            strict=True))
-    ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command)
+    ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command, connect=connect)
     listed: dict[str, bool] | None = None
     last: dict[str, Any] | None = None
     running: str | None = None  # the fleet lock's holder: a rollout or rollback in progress

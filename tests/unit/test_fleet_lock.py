@@ -172,3 +172,22 @@ def test_concurrent_lock_attempts_one_wins(fleet: tuple[Any, dict[str, Any]]) ->
     for o in ops:
         o.close()
     assert sorted(results, key=str) == [5, "held"], results
+
+
+def test_status_names_the_running_rollout(fleet: tuple[Any, dict[str, Any]]) -> None:
+    """`status -p FLEET` while a rollout holds the fleet lock names it (the fleet lock's holder);
+    once it is done, nothing is shown as running."""
+    from orchestrator.apply.fleet_ops import fleet_status
+
+    plan, hosts = fleet
+    first = FleetOps(plan, hosts, out=lambda _s: None, command="dsv4ctl apply flash.yaml #1",
+                     connect=lambda n, h: LocalRemote(n))
+    first.lock_fleet()
+    st_args = {"status": lambda n, h: "not probed in this test"}
+    try:
+        st = fleet_status(plan, hosts, **st_args, connect=lambda n, h: LocalRemote(n))
+    finally:
+        first.close()
+    assert st["in_progress"] and "dsv4ctl apply flash.yaml #1" in st["in_progress"], st
+    st = fleet_status(plan, hosts, **st_args, connect=lambda n, h: LocalRemote(n))
+    assert st["in_progress"] is None
