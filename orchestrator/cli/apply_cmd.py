@@ -109,14 +109,14 @@ def _confirm_apply(plan: Any, name: str, yes: bool) -> None:
         _confirm("apply", f"Apply {plan.profile_name} to host '{name}'{restarts}?")
 
 
-def _print_result(res: Any) -> None:
+def _print_result(res: Any, what: str = "Apply") -> None:
     from orchestrator.apply.executor import raise_for
 
     if res.status in ("healthy", "no-changes"):
         _echo(res.message)
         return
     _echo("")
-    _echo(f"Apply {res.status.upper()}: {res.message}")
+    _echo(f"{what} {res.status.upper()}: {res.message}")
     if res.done:
         _echo("Done:")
         for d in res.done:
@@ -217,15 +217,15 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
     Restarts only the roles whose files differ, waits until healthy (rollout.rollback_timeout_s)
     and journals the steps in the target release's record.
 
-    \b
-    With -p FLEET-PROFILE (a profile whose hosts: is a group): every host of the fleet goes back
-    to its own previous healthy release, in the waves of the profile's rollout.strategy (canary
-    first), each host drained through the router before its rollback and put back after it;
-    the rollback stops before any host moves if one has no previous release, and after a
-    failed host like a rollout. With --host NAME too: that host only (drained the same way),
-    to RELEASE when given. The fleet's journal records it (`dsv4ctl history -p FLEET-PROFILE`).
-    Exit codes: 0 every host rolled back; 1 refused (unknown host, no previous release, nothing
-    changed); 3 a host's rollback failed and it serves what it served before; 4 that failed too.
+    A fleet (-p FLEET-PROFILE, a profile whose hosts: names a group): every host goes back to
+    its own previous healthy release in the waves of the profile's rollout.strategy (canary
+    first), each drained through the router before its rollback and put back after it. It stops
+    before any host moves if one has no previous release, and after a failed host like a
+    rollout. With --host NAME: that host only (drained the same way), to RELEASE when given.
+    The fleet's journal records it (`dsv4ctl history -p FLEET-PROFILE`).
+
+    Exit codes: 0 rolled back; 1 refused (unknown host, no previous release; nothing changed);
+    3 a host's rollback failed and it serves what it served before; 4 that failed too.
     """
     from orchestrator.apply import rollback as do_rollback
 
@@ -246,7 +246,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
     if res.status == "healthy":
         _echo(res.message)
         return 0
-    _print_result(res)
+    _print_result(res, "Rollback")
     return int(ExitCode.ROLLBACK_FAILED)
 
 
@@ -261,7 +261,12 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             fmt: str) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
-    (recall, tok/s, TTFT), the kernels its engines loaded when verified healthy, rollbacks."""
+    (recall, tok/s, TTFT), the kernels its engines loaded when verified healthy, rollbacks.
+
+    With -p FLEET-PROFILE and no --host: every rollout and fleet rollback of the fleet, oldest
+    first: which hosts moved (to which release), were rolled back, prepared but never switched,
+    or not reached, and where it stopped. --host NAME: that member's own releases.
+    """
     import dataclasses
     import json
 
@@ -321,6 +326,11 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
     """Current release, each role's health, and drift (files vs manifest, profile vs engine).
 
     Exit 0 when every role is healthy and nothing drifted, 1 otherwise (in every format).
+
+    With -p FLEET-PROFILE and no --host: per host its current release, health, lock holder and
+    whether the router lists its engines healthy; a rollout running now; the last rollout or
+    fleet rollback and where it stopped. Exit 0 only when every host is healthy and in the
+    router. --host NAME: that member alone, as one host.
     """
     from orchestrator.apply import status as get_status
 
