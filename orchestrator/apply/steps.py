@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import io
 import json
+import secrets
 import shlex
 import tarfile
 from collections.abc import Callable
@@ -160,12 +161,15 @@ class Context:
 
 # ------------------------------------------------------------------------------------ loading ---
 
+RELEASE_META = (MANIFEST, PLAN, "profile.yaml")  # what load_release reads of a release
+
+
 def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, ReleaseFile], Deployment,
                                                                  Profile]:
     """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
     from orchestrator.profile.loader import load_text
 
-    text = store.read_files(release_id, [MANIFEST, PLAN, "profile.yaml"])
+    text = store.read_files(release_id, list(RELEASE_META))
     files = release_from_manifest(json.loads(text[MANIFEST]))
     plan = Plan.model_validate_json(text[PLAN])
     profile = load_text(Profile, text["profile.yaml"], f"{release_id}/profile.yaml")
@@ -329,7 +333,8 @@ def ensure_service_user(ctx: Context) -> str:
 
 
 def preflight(ctx: Context, step: Any) -> Outcome:
-    from orchestrator.remote.probes import collect_facts
+    from orchestrator.apply.prefetch import Batch, prefetched
+    from orchestrator.remote.probes import facts_command
 
     plan = ctx.plan
     assert plan is not None and ctx.deployment is not None and ctx.profile is not None
@@ -339,15 +344,35 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                        fix="fix the profile (see `dsv4ctl plan`); nothing was changed")
     ctx.secrets = resolve_secrets(ctx.profile)
     ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan)
+    ctx.target_files = release_from_manifest(json.loads(ctx.tree[MANIFEST][0]))
     # the lock first (issue 20 #9): a concurrent run must be told "locked" (exit 5), not that
-    # the plan it holds went stale because the other run is changing the host
+    # the plan it holds went stale because the other run is changing the host. Everything read
+    # below runs under it, in the lock's own round trip (issue 20 #10), predicted from the plan:
+    # the release it was made against and the target's units (what a no-change apply reads)
+    probe_token = "@@dsv4-" + secrets.token_hex(8)
+    ahead = [ctx.store.ensure_layout_command(clean=True), ctx.store.current_command(),
+             ctx.store.records_command(),
+             ctx.svc.show_command(sorted(units_of(ctx.target_files).values()))]
+    if plan.current_release is not None:
+        ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
+    if ctx.saved_plan:
+        ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
+    batch = Batch(ahead)
     ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
-    ctx.lock.acquire()
+    out = ctx.lock.acquire(then=batch.script)
     ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
+    with prefetched(ctx, batch.results(out)) as shell:
+        return _preflight_reads(ctx, plan, shell, probe_token)
+
+
+def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> Outcome:
+    from orchestrator.remote.probes import collect_facts
+
+    assert ctx.deployment is not None
     if ctx.saved_plan:
         ctx.out("  probing the host to check the saved plan is still current")
-        facts = collect_facts(ctx.remote, ctx.host_name, ctx.host,
-                              model_paths=[ctx.deployment.model_path])
+        facts = collect_facts(shell, ctx.host_name, ctx.host,
+                              model_paths=[ctx.deployment.model_path], token=probe_token)
         why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
         if why:
             if plan.current_release == facts.current_release:
@@ -368,7 +393,6 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     ctx.from_release = current
     if current is not None:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
-    ctx.target_files = release_from_manifest(json.loads(ctx.tree[MANIFEST][0]))
     ctx.actions = _transition(ctx)
     if ctx.actions != plan.actions:
         # the host moved between planning and now (a unit stopped, a release switched): what was

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import re
+import secrets
 import shlex
 import tarfile
 from collections.abc import Callable, Iterable, Mapping
@@ -94,6 +95,9 @@ class ReleaseStore:
         self.root = install_root.rstrip("/") or "/"
         self.releases = f"{self.root}/releases"
         self._dirs: set[str] = set()
+        # separates the files :meth:`read_files` prints; random, so no file content can forge a
+        # boundary, and fixed per store, so the command can be run ahead (steps.prefetch)
+        self.token = "@@dsv4-" + secrets.token_hex(8)
 
     def q(self, *parts: str) -> str:
         return shlex.quote("/".join((self.root, *parts)))
@@ -111,17 +115,23 @@ class ReleaseStore:
     def ensure_layout(self, *, clean: bool = False) -> None:
         """``releases/`` exists; with ``clean``, leftovers of interrupted uploads are removed in
         the same round trip (see :meth:`clean_temp`; one round trip less in preflight)."""
+        self.shell.check(self.ensure_layout_command(clean=clean), timeout=120,
+                         what=f"creating releases/ under {self.root}")
+
+    def ensure_layout_command(self, *, clean: bool = False) -> str:
         rm = (f" && rm -rf {shlex.quote(self.releases)}/.tmp-* {self.q('.incoming')}"
               if clean else "")
-        self.shell.check(hostfs.ensure_dirs(self.root, "releases") + rm, timeout=120,
-                         what=f"creating releases/ under {self.root}")
+        return hostfs.ensure_dirs(self.root, "releases") + rm
 
     def list_ids(self) -> list[str]:
         res = self.shell.run(f"ls -1 {shlex.quote(self.releases)} 2>/dev/null", timeout=30)
         return sort_ids(x.strip() for x in res.stdout.splitlines() if is_release_id(x.strip()))
 
+    def current_command(self) -> str:
+        return f"readlink {self.q('current')}"
+
     def current(self) -> str | None:
-        res = self.shell.run(f"readlink {self.q('current')}", timeout=30)
+        res = self.shell.run(self.current_command(), timeout=30)
         if not res.ok or not res.stdout.strip():
             return None
         name = res.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
@@ -130,10 +140,7 @@ class ReleaseStore:
     def read_records(self) -> list[ReleaseRecord]:
         """Every release's record, oldest first. A missing or unreadable record is reported as
         such, never silently dropped."""
-        cmd = (f"cd {shlex.quote(self.releases)} 2>/dev/null || exit 0; for d in r*; do "
-               f"[ -d \"$d\" ] || continue; printf '{MARK}%s\\n' \"$d\"; "
-               f"cat \"$d/{RECORD}\" 2>/dev/null; printf '\\n'; done")
-        out = self.shell.check(cmd, timeout=60, what="reading release records")
+        out = self.shell.check(self.records_command(), timeout=60, what="reading release records")
         records: list[ReleaseRecord] = []
         sections: list[tuple[str, list[str]]] = []
         for line in out.splitlines():
@@ -155,6 +162,11 @@ class ReleaseStore:
                 ))
         return sorted(records, key=lambda r: sequence(r.id))
 
+    def records_command(self) -> str:
+        return (f"cd {shlex.quote(self.releases)} 2>/dev/null || exit 0; for d in r*; do "
+                f"[ -d \"$d\" ] || continue; printf '{MARK}%s\\n' \"$d\"; "
+                f"cat \"$d/{RECORD}\" 2>/dev/null; printf '\\n'; done")
+
     def read_record(self, release_id: str) -> ReleaseRecord:
         text = self.shell.check(f"cat {shlex.quote(self.path(release_id, RECORD))}", timeout=30,
                                 what=f"reading the record of {release_id}")
@@ -166,15 +178,9 @@ class ReleaseStore:
 
     def read_files(self, release_id: str, rels: list[str]) -> dict[str, str]:
         """Several files of a release in one round trip (apply's preflight reads three)."""
-        import secrets
-
-        token = "@@dsv4-" + secrets.token_hex(8)
-        d = shlex.quote(self.path(release_id))
-        names = " ".join(shlex.quote(r) for r in rels)
-        out = self.shell.check(
-            f"cd {d} && for f in {names}; do printf '%s %s\\n' {token} \"$f\"; "
-            f"cat -- \"$f\" || exit 1; printf '\\n'; done", timeout=60,
-            what=f"reading {', '.join(rels)} of {release_id}")
+        token = self.token
+        out = self.shell.check(self.read_files_command(release_id, rels), timeout=60,
+                               what=f"reading {', '.join(rels)} of {release_id}")
         parts = out.split(token + " ")[1:]
         got = {}
         for part in parts:
@@ -184,6 +190,12 @@ class ReleaseStore:
             raise RemoteError(f"reading {', '.join(rels)} of {release_id} on host "
                               f"'{self.shell.name}' returned {sorted(got)}")
         return got
+
+    def read_files_command(self, release_id: str, rels: list[str]) -> str:
+        d = shlex.quote(self.path(release_id))
+        names = " ".join(shlex.quote(r) for r in rels)
+        return (f"cd {d} && for f in {names}; do printf '%s %s\\n' {self.token} \"$f\"; "
+                f"cat -- \"$f\" || exit 1; printf '\\n'; done")
 
     def manifest(self, release_id: str) -> dict[str, str]:
         return manifest_hashes(self.read_file(release_id, MANIFEST))

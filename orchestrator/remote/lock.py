@@ -33,6 +33,7 @@ from orchestrator.remote.connection import RemoteHost
 LOCK_NAME = ".dsv4ctl.lock"
 INFO_NAME = ".dsv4ctl.lock.info"
 REFUSED_RC = 75  # flock -E: "lock held", distinct from real errors
+_END = "@@dsv4-lock-then-done"  # ends the output of acquire(then=...)
 
 
 def lock_paths(install_root: str, name: str = LOCK_NAME) -> tuple[str, str]:
@@ -109,7 +110,7 @@ class HostLock:
         self._chan: paramiko.Channel | None = None
         self.remote_pid: int | None = None
 
-    def _script(self) -> str:
+    def _script(self, then: str | None = None) -> str:
         lock, info = lock_paths(self.install_root, self.name)
         payload = json.dumps(holder_info(self.command), sort_keys=True)
         # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
@@ -119,8 +120,13 @@ class HostLock:
             # never through a planted link (issue 19): refuse one, and create the temp file
             # exclusively (noclobber: O_EXCL) so nothing can slip in between check and write
             f"{hostfs.PRELUDE}\ndsv4_nolink {tmp}; dsv4_nolink {shlex.quote(info)}; rm -f {tmp}; "
-            f"umask 077; set -C; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
+            f"dsv4_um=$(umask); umask 077; set -C; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
             f"> {tmp} && mv -fT {tmp} {shlex.quote(info)}; echo LOCKED $PPID; "
+            # what the caller reads under the lock, in this same round trip (issue 20 #10): in a
+            # subshell (its `exit` never ends the holder) with the session's umask and clobbering
+            + (f"( set +C; umask \"$dsv4_um\"; {then}\n) </dev/null; "
+               f"printf '\\n%s\\n' {shlex.quote(_END)}; " if then else "")
+            +
             # hold until our stdin closes (release, exit or dropped connection), then tidy up the
             # info file if it is still ours
             f"cat >/dev/null; [ \"$(head -n 1 {shlex.quote(info)} 2>/dev/null)\" = \"$PPID\" ] "
@@ -129,8 +135,12 @@ class HostLock:
         return (f"{hostfs.check_root(self.install_root)}\ndsv4_nolink {shlex.quote(lock)}\n"
                 f"exec flock -n -o -E {REFUSED_RC} {shlex.quote(lock)} sh -c {shlex.quote(inner)}")
 
-    def acquire(self, timeout: float = 30.0) -> None:
-        chan = self.remote.open_process(self._script())
+    def acquire(self, timeout: float = 30.0, *, then: str | None = None,
+                then_timeout: float = 300.0) -> str:
+        """Take the lock or raise :class:`LockHeld`. ``then``: a shell script run on the host
+        right after the lock is taken, in the same round trip; its stdout is returned ("" without
+        one)."""
+        chan = self.remote.open_process(self._script(then))
         chan.settimeout(timeout)
         buf = b""
         deadline = time.monotonic() + timeout
@@ -138,7 +148,7 @@ class HostLock:
             while b"\n" not in buf:
                 if time.monotonic() > deadline:
                     raise RemoteError(f"taking the lock on host '{self.remote.name}' timed out")
-                data = chan.recv(256)
+                data = chan.recv(1 << 16)
                 if not data:
                     break
                 buf += data
@@ -146,12 +156,13 @@ class HostLock:
             chan.close()
             raise RemoteError(f"taking the lock on host '{self.remote.name}' failed: {exc}") \
                 from exc
-        line = buf.decode(errors="replace").strip()
+        first, _, rest = buf.partition(b"\n")
+        line = first.decode(errors="replace").strip()
         if line.startswith("LOCKED"):
             self._chan = chan
             pid = line.split()[-1]
             self.remote_pid = int(pid) if pid.isdigit() else None
-            return
+            return self._read_then(chan, rest, then_timeout) if then else ""
         rc = chan.recv_exit_status()
         err = chan.recv_stderr(4096).decode(errors="replace").strip()
         chan.close()
@@ -180,6 +191,26 @@ class HostLock:
         raise RemoteError(f"cannot take the lock on host '{self.remote.name}' (exit {rc}): "
                           f"{err or line}", fix="`flock` (util-linux) must exist on the host and "
                           "the install root must be writable")
+
+    def _read_then(self, chan: paramiko.Channel, buf: bytes, timeout: float) -> str:
+        """The output of ``then`` (acquire), up to the end mark the holder prints after it."""
+        end = b"\n" + _END.encode() + b"\n"
+        deadline = time.monotonic() + timeout
+        chan.settimeout(timeout)
+        try:
+            while end not in buf:
+                if time.monotonic() > deadline:
+                    raise RemoteError(f"reading the host's state under the lock on host "
+                                      f"'{self.remote.name}' timed out after {timeout:g}s")
+                data = chan.recv(1 << 16)
+                if not data:
+                    raise RemoteError(f"the lock holder on host '{self.remote.name}' ended "
+                                      "before the host's state was read")
+                buf += data
+        except (TimeoutError, OSError) as exc:
+            raise RemoteError(f"reading the host's state under the lock on host "
+                              f"'{self.remote.name}' failed: {exc}") from exc
+        return buf[:buf.index(end)].decode("utf-8", "replace")
 
     @property
     def held(self) -> bool:

@@ -469,16 +469,29 @@ class _Replay:
         return res if res is not None else self.shell.run(command, timeout=timeout)
 
 
+def facts_command(host: Host, model_paths: Iterable[str], token: str) -> str:
+    """The one command :func:`collect_facts` runs (``token``: its result separator)."""
+    return batch_command(_fact_commands(host, model_paths), token)
+
+
+def _fact_commands(host: Host, model_paths: Iterable[str]) -> list[str]:
+    disk_paths, models = probe_paths(host, model_paths)
+    return [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
+            units_command(host.scope), current_command(host.install_root),
+            calibration_command(host.install_root)]
+
+
 def collect_facts(shell: Shell, host_name: str, host: Host, *,
-                  model_paths: Iterable[str] = ()) -> Facts:
-    """Run every probe through ``shell`` in one round trip and assemble :class:`Facts`."""
+                  model_paths: Iterable[str] = (), token: str | None = None) -> Facts:
+    """Run every probe through ``shell`` in one round trip and assemble :class:`Facts`.
+    ``token``: the result separator, given when the command was run ahead
+    (:func:`facts_command`; apply's preflight batches it with its own reads)."""
     import secrets
 
+    model_paths = list(model_paths)
     disk_paths, models = probe_paths(host, model_paths)
-    commands = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
-                units_command(host.scope), current_command(host.install_root),
-                calibration_command(host.install_root)]
-    token = "@@dsv4-" + secrets.token_hex(8)
+    commands = _fact_commands(host, model_paths)
+    token = token or "@@dsv4-" + secrets.token_hex(8)
     res = shell.run(batch_command(commands, token), timeout=180)
     if not res.ok:
         raise RemoteError(f"probing the host failed (exit {res.rc}): {res.stderr.strip()[:300]}")

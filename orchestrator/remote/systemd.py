@@ -112,11 +112,14 @@ class ServiceManager:
         if units:
             self.remote.run(f"{self.ctl} reset-failed {self._units(units)}", timeout=60)
 
+    def show_command(self, units: Sequence[str]) -> str:
+        props = " ".join(f"-p {p}" for p in SHOW_PROPS)
+        return f"{self.ctl} show {props} {self._units(units)}"
+
     def show(self, units: Sequence[str]) -> dict[str, UnitState]:
         if not units:
             return {}
-        props = " ".join(f"-p {p}" for p in SHOW_PROPS)
-        res = self.remote.run(f"{self.ctl} show {props} {self._units(units)}", timeout=60)
+        res = self.remote.run(self.show_command(units), timeout=60)
         if not res.ok:
             raise RemoteError(f"systemctl show failed on host '{self.remote.name}': "
                               f"{(res.stderr or res.stdout).strip()[:300]}")
