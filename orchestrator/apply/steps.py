@@ -669,11 +669,19 @@ def start_units(ctx: Context, step: Any) -> Outcome:
     late = [u for u in units if u not in start and not (states.get(u) and states[u].running)]
     if not start and not late:
         return Outcome(detail="nothing to start")
+    # a unit waiting out RestartSec after a crash (sub-state auto-restart) keeps a start job
+    # queued until that hold-off ends (systemd src/core/service.c, service_start(): "the
+    # service should be manually restarted, not started"), up to 30 s in which the health
+    # checks see it crashed: restart those now (issue 20, recovering after a full disk)
+    held = [u for u in start + late if states.get(u) and states[u].sub == "auto-restart"]
     ctx.svc.reset_failed(start + late)
-    ctx.svc.start(start + late)
+    ctx.svc.start([u for u in start + late if u not in held])
+    ctx.svc.restart(held)
     ctx.started = start + late
     return Outcome(detail="started " + ", ".join(start)
-                   + (f"; also {', '.join(late)} (stopped since preflight)" if late else ""))
+                   + (f"; also {', '.join(late)} (stopped since preflight)" if late else "")
+                   + (f"; restarted {', '.join(held)} (waiting to restart after a crash)"
+                      if held else ""))
 
 
 # ------------------------------------------------------------------------------------ health ---

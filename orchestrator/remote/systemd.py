@@ -99,6 +99,11 @@ class ServiceManager:
             self.remote.check(f"{self.ctl} start --no-block {self._units(units)}", timeout=120,
                               what=f"starting {', '.join(units)}")
 
+    def restart(self, units: Sequence[str]) -> None:
+        if units:
+            self.remote.check(f"{self.ctl} restart --no-block {self._units(units)}", timeout=120,
+                              what=f"restarting {', '.join(units)}")
+
     def stop(self, units: Sequence[str], timeout: float = 300) -> list[str]:
         """Stop the units systemd knows (a unit never installed needs no stopping); returns them."""
         states = self.show(units)
