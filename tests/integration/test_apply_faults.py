@@ -278,6 +278,7 @@ def test_sigkill_in_each_phase_then_plain_rerun(env: Env, capsys: pytest.Capture
 
 # ---------------------------------------------------------------------------- locks, exit codes ---
 
+@pytest.mark.usefixtures("kernels_on")
 def test_concurrent_saved_plan_apply_is_locked_not_stale(env: Env,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:
@@ -302,8 +303,10 @@ def test_concurrent_saved_plan_apply_is_locked_not_stale(env: Env,
             lock.release()
     assert env.current() == r1 and env.releases() == [r1]
     assert env.cli("apply", str(plan)) == 0  # and once free, the same plan applies
+    agree(env, capsys)
 
 
+@pytest.mark.usefixtures("kernels_on")
 def test_refused_rollback_to_incomplete_release_changes_nothing(
         env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 20 #9: nothing changed, so exit 1 (not 4, "restore failed"); the refusal is saved in
@@ -321,6 +324,7 @@ def test_refused_rollback_to_incomplete_release_changes_nothing(
     ev = env.record(r1)["events"][-1]
     assert ev["kind"] == "rollback-to" and ev["result"] == "failed"
     assert journal(env.record(r1))["rollback:preflight"] == "failed"
+    agree(env, capsys)
 
 
 @pytest.mark.usefixtures("kernels_on")
