@@ -401,6 +401,9 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
                         f"{summarize_actions(plan.actions)!r}, the host now needs "
                         f"{summarize_actions(ctx.actions)!r}",
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
+    # values are not in the plan (only names are): a rotated secret is found here, by comparing
+    # with the active file, and restarts what reads it
+    ctx.actions = ctx.actions + secrets_restarts(ctx, ctx.secrets)
     cur_rec = next((r for r in ctx.records if r.id == current), None)
     current_healthy = cur_rec is not None and cur_rec.status == "healthy"
     if not ctx.actions and (current is None or current_healthy):
@@ -515,6 +518,14 @@ def rollback_preflight(ctx: Context, step: Any) -> Outcome:
     if missing:
         raise StepFailed(f"release {ctx.target} lacks {', '.join(missing)}")
     ctx.actions = _transition(ctx)
+    # the target's own secrets (its engines demand its API key; the switch makes them active):
+    # a release applied before secrets were kept per release keeps the active file
+    dep_name = ctx.deployment.name
+    kept = ctx.store.read_secrets(dep_name, ctx.target) if ctx.deployment.secret_names else {}
+    if kept is None:
+        kept = ctx.store.read_secrets(dep_name) or {}
+    ctx.secrets = kept
+    ctx.actions = ctx.actions + secrets_restarts(ctx, ctx.secrets)
     sick = unhealthy_running_roles(ctx)
     units = role_units(ctx.deployment)
     ctx.actions = ctx.actions + [
@@ -556,11 +567,13 @@ def upload_release(ctx: Context, step: Any) -> Outcome:
     ctx.store.upload(ctx.target, ctx.tree, ctx.manifest_sha)
     ctx.store.mkdirs("logs", what="creating the log dir")
     if ctx.secrets:
-        ctx.store.write_secrets(ctx.deployment.name, ctx.secrets)
-    else:  # a secret removed from the profile leaves the host too (issue 19)
-        ctx.store.remove_secrets(ctx.deployment.name)
+        # the release's own 0600 file beside the active one; the units read it only once the
+        # switch makes it active (switch_current), so a failed apply never changes what the
+        # serving release's processes get on their next (re)start (issues 19, 20)
+        ctx.store.write_secrets(ctx.deployment.name, ctx.target, ctx.secrets)
     return Outcome(detail=f"{len(ctx.tree)} files, {total} bytes"
-                   + (f"; secrets file with {len(ctx.secrets)} value(s)" if ctx.secrets else ""))
+                   + (f"; secrets file of the release with {len(ctx.secrets)} value(s)"
+                      if ctx.secrets else ""))
 
 
 def kernels_source() -> Path:
@@ -637,11 +650,44 @@ def stop_changed(ctx: Context, step: Any) -> Outcome:
     return Outcome(detail="stopped " + ", ".join(stop))
 
 
+SECRETS_SWITCHED = {
+    "activated": "its secrets file is now the one the units read",
+    "none": "it has no secrets: the units' secrets file was removed",
+    "kept": "it names secrets but has no file of its own (applied before secrets were kept per "
+            "release): the units' secrets file was left as it was",
+}
+
+
 def switch_current(ctx: Context, step: Any) -> Outcome:
-    assert ctx.target is not None
-    ctx.store.switch(ctx.target)
+    """``current`` and the secrets file the units read move to the target together
+    (:meth:`ReleaseStore.switch`, the one owner of "which secrets are active"), for apply, the
+    restore after a failed apply and ``dsv4ctl rollback``."""
+    assert ctx.target is not None and ctx.deployment is not None
+    how = ctx.store.switch(ctx.target, secrets=(ctx.deployment.name,
+                                                bool(ctx.deployment.secret_names)))
     ctx.switched = True
-    return Outcome(detail=f"current -> releases/{ctx.target}")
+    return Outcome(detail=f"current -> releases/{ctx.target}; {SECRETS_SWITCHED[how]}")
+
+
+def secrets_restarts(ctx: Context, wanted: dict[str, str]) -> list[Action]:
+    """Restarts for the running roles of the target that the transition leaves alone, when the
+    secrets the target brings differ from the active file's: every engine and router unit reads
+    that file (``EnvironmentFile=-``), and a process keeps the values it started with, so a
+    rotated key must restart them all at the switch (or a router presents an old key to a new
+    engine). Compared in memory on the controller; only the changed names are shown."""
+    assert ctx.deployment is not None
+    active = ctx.store.read_secrets(ctx.deployment.name) or {}
+    changed = sorted(k for k in set(active) | set(wanted) if active.get(k) != wanted.get(k))
+    if not changed:
+        return []
+    affected = ctx.roles_to_restart
+    units = role_units(ctx.deployment)
+    states = ctx.svc.show(list(units.values()))
+    return [Action(kind="restart", target=unit, roles=[role],
+                   downtime="seconds" if role == "router" else "minutes",
+                   reason=f"the secrets it reads change ({', '.join(changed)})")
+            for role, unit in units.items()
+            if role not in affected and states.get(unit) and states[unit].running]
 
 
 def install_units(ctx: Context, step: Any) -> Outcome:

@@ -248,20 +248,39 @@ class ReleaseStore:
             f"[ -e \"$e\" ] || continue; mv -f \"$e\" {shlex.quote(dest)}/; done && cd / && "
             f"rmdir {shlex.quote(tmp)}", timeout=120, what="moving the release into place")
 
-    def switch(self, release_id: str) -> None:
-        """Point ``current`` at ``releases/<id>`` atomically (symlink to a temp name + rename)."""
+    def switch(self, release_id: str, secrets: tuple[str, bool] | None = None) -> str:
+        """Point ``current`` at ``releases/<id>`` atomically (symlink to a temp name + rename).
+
+        ``secrets``: (deployment name, whether the release has secrets). The active secrets file
+        becomes the release's in the same round trip, before ``current`` moves (see
+        :meth:`_activate_secrets`): this is the only place that decides which secrets the units
+        read, for apply, the restore after a failed apply and ``dsv4ctl rollback`` alike.
+        Returns what happened to the secrets: ``activated``, ``none`` (removed), ``kept`` (a
+        release without its own secrets file) or ``""`` (not asked)."""
         tmp = f"{self.root}/.current.tmp"
-        self.shell.check(
-            f"[ -f {shlex.quote(self.path(release_id, MANIFEST))} ] && "
+        activate = ""
+        if secrets is not None:
+            name, has = secrets
+            activate = (f"{hostfs.ensure_dirs(self.root, 'secrets', mode='0700')}\n"
+                        f"chmod 700 {self.q('secrets')} || exit 1\n"
+                        f"{self._activate_secrets(name, release_id, has)}\n")
+        out = self.shell.check(
+            f"[ -f {shlex.quote(self.path(release_id, MANIFEST))} ] || "
+            f"{{ echo 'release {release_id} has no manifest' >&2; exit 1; }}\n{activate}"
             f"ln -sfn {shlex.quote('releases/' + release_id)} {shlex.quote(tmp)} && "
             f"mv -fT {shlex.quote(tmp)} {self.q('current')}",
             timeout=30, what=f"switching current to {release_id}")
+        m = re.search(r"^secrets=(\w+)$", out, re.M)
+        return m.group(1) if m else ""
 
     def remove(self, release_ids: Iterable[str]) -> None:
         ids = [i for i in release_ids if is_release_id(i)]
         self._dirs.difference_update(ids)
         if ids:
-            paths = " ".join(shlex.quote(self.path(i)) for i in ids)
+            # a release's secrets file goes with it (``secrets/<deployment>.<id>.env``; ids are
+            # unique on a host, and ``rm -f`` on a link removes the link, never its target)
+            paths = " ".join(shlex.quote(self.path(i)) + " " + self.q("secrets") + f"/*.{i}.env"
+                             for i in ids)
             self.shell.check(f"rm -rf {paths}", timeout=300, what="removing old releases")
 
     def prune(self, keep: int, last_healthy: str | None) -> list[str]:
@@ -271,34 +290,78 @@ class ReleaseStore:
         self.remove(doomed)
         return doomed
 
-    def write_secrets(self, name: str, values: Mapping[str, str]) -> None:
-        """``secrets/<name>.env``, mode 0600, written via SFTP (values never pass through a shell
-        command line, so they do not show up in the host's process list or logs). The file is
-        created with its final mode and never through a symbolic link: ``put_bytes`` opens a fresh
-        temp file ``O_CREAT|O_EXCL`` with mode 0600 and renames it over the name (issue 19)."""
+    # ------------------------------------------------------------------------------ secrets ---
+    # Each release's secrets live beside the others in the 0700 ``secrets/`` dir, outside the
+    # world-readable release tree: ``secrets/<deployment>.<release-id>.env``. The file the units
+    # read (``EnvironmentFile=-<root>/secrets/<deployment>.env``) becomes a release's only in
+    # :meth:`switch` (issues 19, 20: secrets written at upload reached the serving release before
+    # its switch, and a rollback left the newer release's key behind).
+
+    def secrets_path(self, name: str, release_id: str | None = None) -> str:
+        """The active secrets file (``release_id`` None) or one release's."""
+        return (f"{self.root}/secrets/{name}.env" if release_id is None
+                else f"{self.root}/secrets/{name}.{release_id}.env")
+
+    def _secrets_dir(self) -> None:
         self.mkdirs("secrets", mode="0700", what="creating the secrets dir")
         self.shell.check(f"chmod 700 {shlex.quote(f'{self.root}/secrets')}", timeout=30,
                          what="creating the secrets dir")
+
+    def write_secrets(self, name: str, release_id: str, values: Mapping[str, str]) -> None:
+        """``secrets/<name>.<release_id>.env``, mode 0600, written via SFTP (values never pass
+        through a shell command line, so they do not show up in the host's process list or logs).
+        The file is created with its final mode and never through a symbolic link: ``put_bytes``
+        opens a fresh temp file ``O_CREAT|O_EXCL`` with mode 0600 and renames it over the name
+        (issue 19). Nothing reads it until :meth:`switch` makes it the active file."""
         body = "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items()))
-        self.shell.put_bytes(body.encode(), f"{self.root}/secrets/{name}.env", mode=0o600)
+        self._secrets_dir()
+        self.shell.put_bytes(body.encode(), self.secrets_path(name, release_id), mode=0o600)
 
-    def remove_secrets(self, name: str) -> None:
-        """Delete ``secrets/<name>.env`` (the profile has no secrets any more). ``rm -f`` on a
-        symbolic link removes the link, never its target."""
-        self.shell.check(f"rm -f -- {shlex.quote(f'{self.root}/secrets/{name}.env')}", timeout=30,
-                         what="removing the secrets file")
-
-
-    def read_secret(self, name: str, key: str) -> str | None:
-        """One value of ``secrets/<name>.env`` (for ``status``'s requests to an engine that wants
-        its API key). Read over the SSH channel's stdout: never in a command line, never printed."""
-        res = self.shell.run(f"cat -- {shlex.quote(f'{self.root}/secrets/{name}.env')} "
-                             "2>/dev/null", timeout=30)
+    def read_secrets(self, name: str, release_id: str | None = None) -> dict[str, str] | None:
+        """The values of the active secrets file (or one release's); None when there is none.
+        Read over the SSH channel's stdout: never in a command line, never printed."""
+        path = shlex.quote(self.secrets_path(name, release_id))
+        res = self.shell.run(f"if [ -f {path} ]; then cat -- {path}; else exit 3; fi",
+                             timeout=30)
+        if res.rc == 3:
+            return None
+        if not res.ok:
+            raise RemoteError(f"cannot read the secrets file of {release_id or name} on host "
+                              f"'{self.shell.name}': {res.stderr.strip()[-300:]}")
+        out = {}
         for line in res.stdout.splitlines():
             k, sep, v = line.partition("=")
-            if sep and k == key:
-                return _env_unquote(v)
-        return None
+            if sep:
+                out[k] = _env_unquote(v)
+        return out
+
+    def read_secret(self, name: str, key: str) -> str | None:
+        """One value of the active ``secrets/<name>.env`` (for ``status``'s requests to an engine
+        that wants its API key): the current release's, since only :meth:`switch` writes it."""
+        try:
+            values = self.read_secrets(name)
+        except RemoteError:
+            return None
+        return (values or {}).get(key)
+
+    def _activate_secrets(self, name: str, release_id: str, has_secrets: bool) -> str:
+        """Shell that makes ``secrets/<name>.env`` the release's secrets: a 0600 copy made
+        exclusively (``umask 077; set -C``: ``O_CREAT|O_EXCL``, never through a link), checked
+        byte for byte, renamed over the active name (rename(2) replaces a name, never follows
+        it). A release with no secrets removes the active file. A release that names secrets but
+        has no file of its own (applied before secrets were kept per release) leaves the active
+        file as it is and says so on stdout."""
+        src = shlex.quote(self.secrets_path(name, release_id))
+        dst = shlex.quote(self.secrets_path(name))
+        tmp = shlex.quote(f"{self.root}/secrets/.{name}.env.activate.tmp")
+        if not has_secrets:
+            return f"rm -f -- {dst} {tmp} && echo secrets=none || exit 1"
+        return (f"dsv4_nolink {src}; dsv4_nolink {dst}; dsv4_nolink {tmp}; rm -f -- {tmp}; "
+                f"if [ -f {src} ]; then "
+                f"(umask 077; set -C; cat -- {src} > {tmp}) && cmp -s -- {src} {tmp} && "
+                f"mv -fT -- {tmp} {dst} && echo secrets=activated "
+                f"|| {{ rm -f -- {tmp}; echo 'cannot activate the secrets file' >&2; exit 1; }}; "
+                f"else echo secrets=kept; fi")
 
 
 def _env_unquote(text: str) -> str:

@@ -58,7 +58,7 @@ def test_planted_secrets_link_is_refused(victim: Env) -> None:
     victim.fake.exec(f"ln -s {VICTIM} {ROOT}/secrets", check=True)
     remote, store = _store(victim)
     with remote, pytest.raises(DsvError) as exc:
-        store.write_secrets("itest", {"HF_TOKEN": "hf_canary"})
+        store.write_secrets("itest", RID, {"HF_TOKEN": "hf_canary"})
     assert f"{ROOT}/secrets" in exc.value.message and "symbolic link" in exc.value.message
     untouched(victim)
     assert victim.fake.exec(f"stat -c %a {VICTIM}").stdout.strip() == "755"  # no chmod through it

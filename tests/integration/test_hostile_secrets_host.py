@@ -72,13 +72,15 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(
         manager_logs = [env.fake.log_dir / "systemd.log", env.fake.log_dir / "sshd.log"]
         for log in manager_logs:
             assert canary not in log.read_text(errors="replace"), f"secret in {log}"
-        # every file under install_root except the secrets file itself and the simulator's own
+        # every file under install_root except the secrets files themselves (the active one and
+        # the release's own, secrets/itest.<release>.env) and the simulator's own
         # run log: under the sandbox the simulator keeps it in logs/ (tests/sim/control.py
         # state_dir), and it records the argv the engine process received, the proof above that
         # the key reached the engine; a real engine writes no such file
         sim_log = f"{ROOT}/logs/sim-runs.jsonl"
+        own = f"{ROOT}/secrets/itest.{env.current()}.env"
         leaks = env.fake.exec(f"grep -rlF -- {q} {ROOT} 2>/dev/null "
-                              f"| grep -vxF -e {secret_file} -e {sim_log}")
+                              f"| grep -vxF -e {secret_file} -e {own} -e {sim_log}")
         assert leaks.stdout == "", f"secret in {leaks.stdout}"
         assert canary in env.fake.read(secret_file)
     # removed from the profile: removed from the host
@@ -87,15 +89,15 @@ def test_canary_secrets_reach_the_engine_and_nothing_else(
 
 
 def test_planted_secret_file_link_is_refused(victim: Env) -> None:
-    """A link planted at secrets/<name>.env itself (the directory being real): the secret is not
-    written through it, and what it points to is left as it was."""
+    """A link planted at a release's secrets/<name>.<id>.env itself (the directory being real):
+    the secret is not written through it, and what it points to is left as it was."""
     from orchestrator.errors import DsvError
-    from tests.integration.test_hostile_fs import VICTIM, _store, untouched
+    from tests.integration.test_hostile_fs import RID, VICTIM, _store, untouched
 
     victim.fake.exec(f"mkdir -p -m 0700 {ROOT}/secrets && "
-                     f"ln -s {VICTIM}/file {ROOT}/secrets/itest.env", check=True)
+                     f"ln -s {VICTIM}/file {ROOT}/secrets/itest.{RID}.env", check=True)
     remote, store = _store(victim)
     with remote, pytest.raises(DsvError) as exc:
-        store.write_secrets("itest", {"HF_TOKEN": HF})
+        store.write_secrets("itest", RID, {"HF_TOKEN": HF})
     assert "symbolic link" in exc.value.message
     untouched(victim)

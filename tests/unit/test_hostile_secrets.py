@@ -188,36 +188,50 @@ def test_link_to_proc_is_refused_at_apply_time(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ removal ---
 
-def test_secret_removed_from_the_profile_is_removed_from_the_host(tmp_path: Path) -> None:
+RID1, RID2 = "r0001-20261201T000000Z-00000001", "r0002-20261201T000000Z-00000002"
+
+
+def _releases(tmp_path: Path) -> Any:
     from orchestrator.release.store import ReleaseStore
     from tests.unit.test_release import LocalShell
 
-    store = ReleaseStore(LocalShell(), str(tmp_path))  # type: ignore[arg-type]
-    store.write_secrets("dep", {"HF_TOKEN": CANARY})
+    for rid in (RID1, RID2):
+        (tmp_path / "releases" / rid).mkdir(parents=True)
+        (tmp_path / "releases" / rid / "manifest.json").write_text("{}")
+    return ReleaseStore(LocalShell(), str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_secret_removed_from_the_profile_is_removed_from_the_host(tmp_path: Path) -> None:
+    """At the switch to a release without secrets (never before it: issue 20); a link planted
+    at the units' file is removed, its target kept."""
+    store = _releases(tmp_path)
+    store.write_secrets("dep", RID1, {"HF_TOKEN": CANARY})
+    store.switch(RID1, secrets=("dep", True))
     secret = tmp_path / "secrets" / "dep.env"
     assert secret.read_text() == f'HF_TOKEN="{CANARY}"\n'
     target = tmp_path / "elsewhere"
     target.write_text("keep")
-    store.remove_secrets("dep")
+    assert store.switch(RID2, secrets=("dep", False)) == "none"
     assert not secret.exists()
     secret.symlink_to(target)  # a planted link: removed, its target kept
-    store.remove_secrets("dep")
+    store.switch(RID2, secrets=("dep", False))
     assert not secret.is_symlink() and target.read_text() == "keep"
 
 
 def test_status_reads_a_secret_back(tmp_path: Path) -> None:
-    from orchestrator.release.store import ReleaseStore
-    from tests.unit.test_release import LocalShell
-
-    store = ReleaseStore(LocalShell(), str(tmp_path))  # type: ignore[arg-type]
+    store = _releases(tmp_path)
     odd = 'k"e\\y$`x'
-    store.write_secrets("dep", {"DSV4_SECRET_API_KEY": odd, "HF_TOKEN": CANARY})
+    store.write_secrets("dep", RID1, {"DSV4_SECRET_API_KEY": odd, "HF_TOKEN": CANARY})
+    assert store.read_secret("dep", "DSV4_SECRET_API_KEY") is None  # not switched to yet
+    store.switch(RID1, secrets=("dep", True))
     assert store.read_secret("dep", "DSV4_SECRET_API_KEY") == odd
     assert store.read_secret("dep", "NOPE") is None
     assert store.read_secret("other", "HF_TOKEN") is None
 
 
-def test_upload_without_secrets_removes_the_file() -> None:
+def test_upload_writes_the_release_secrets_only() -> None:
+    """Upload writes the release's own secrets file and never the one the units read (the switch
+    owns that): with no secrets it touches no secrets file at all."""
     from orchestrator.apply import steps
 
     calls: list[str] = []
@@ -225,7 +239,8 @@ def test_upload_without_secrets_removes_the_file() -> None:
     class Store:
         def upload(self, *a: Any) -> None: ...
         def mkdirs(self, *a: Any, **k: Any) -> None: ...
-        def write_secrets(self, name: str, values: Any) -> None: calls.append("write")
+        def write_secrets(self, name: str, rid: str, values: Any) -> None:
+            calls.append(f"write {name} {rid}")
         def remove_secrets(self, name: str) -> None: calls.append(f"remove {name}")
 
     class Remote:
@@ -237,7 +252,10 @@ def test_upload_without_secrets_removes_the_file() -> None:
     ctx.host = type("H", (), {"install_root": "/srv/dsv4"})()
     ctx.deployment = type("D", (), {"name": "dep"})()
     steps.upload_release(ctx, None)
-    assert calls == ["remove dep"]
+    assert calls == []
+    ctx.secrets = {"HF_TOKEN": CANARY}
+    steps.upload_release(ctx, None)
+    assert calls == ["write dep r1"]
 
 
 def test_qualification_sends_the_engine_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,12 +207,62 @@ def test_store_reports_unreadable_record(tmp_path: Path) -> None:
 
 def test_secrets_file_is_private_and_quoted(tmp_path: Path) -> None:
     store = ReleaseStore(LocalShell(), str(tmp_path))
-    store.write_secrets("dep", {"HF_TOKEN": 'a"b\\c'})
-    f = tmp_path / "secrets" / "dep.env"
+    rid = "r0001-20261129T101500Z-00000001"
+    store.write_secrets("dep", rid, {"HF_TOKEN": 'a"b\\c'})
+    f = tmp_path / "secrets" / f"dep.{rid}.env"
     assert f.read_text() == 'HF_TOKEN="a\\"b\\\\c"\n'
     assert f.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "secrets").stat().st_mode & 0o777 == 0o700
+    assert store.read_secrets("dep", rid) == {"HF_TOKEN": 'a"b\\c'}
+    # written for the release only: nothing the units read changes before the switch
+    assert not (tmp_path / "secrets" / "dep.env").exists() and store.read_secrets("dep") is None
     with pytest.raises(RemoteError, match="newline"):
-        store.write_secrets("dep", {"X": "a\nb"})
+        store.write_secrets("dep", rid, {"X": "a\nb"})
+
+
+def test_switch_owns_the_active_secrets_file(tmp_path: Path) -> None:
+    """Issues 19, 20: the file the units read (secrets/<dep>.env) is the current release's,
+    made so by the switch only: forward, back (rollback), removed for a release without secrets,
+    kept for one that predates per-release secrets; pruning takes a release's file with it."""
+    root = tmp_path / "root"
+    root.mkdir()
+    store = ReleaseStore(LocalShell(), str(root))
+    store.ensure_layout()
+    ids = [f"r{i:04d}-20261129T101500Z-0000000{i}" for i in (1, 2, 3, 4)]
+    for i, rid in enumerate(ids):
+        store.write_record(rec(i + 1, "healthy").model_copy(update={"id": rid}))
+        store.upload(rid, *tree(f"--n {i}"))
+    active = root / "secrets" / "dep.env"
+    store.write_secrets("dep", ids[0], {"API": "old"})
+    assert store.switch(ids[0], secrets=("dep", True)) == "activated"
+    assert store.read_secrets("dep") == {"API": "old"} and active.stat().st_mode & 0o777 == 0o600
+    store.write_secrets("dep", ids[1], {"API": "new"})
+    assert store.read_secrets("dep") == {"API": "old"}  # uploaded, not switched: untouched
+    assert store.switch(ids[1], secrets=("dep", True)) == "activated"
+    assert store.read_secrets("dep") == {"API": "new"} and store.current() == ids[1]
+    assert store.switch(ids[0], secrets=("dep", True)) == "activated"  # a rollback
+    assert store.read_secrets("dep") == {"API": "old"}
+    # a copy, not a link: the release's own file is not changed by whatever happens to the other
+    assert not active.is_symlink() and active.stat().st_ino != (
+        root / "secrets" / f"dep.{ids[0]}.env").stat().st_ino
+    assert store.switch(ids[2], secrets=("dep", False)) == "none"
+    assert not active.exists() and store.current() == ids[2]
+    store.switch(ids[0], secrets=("dep", True))
+    assert store.switch(ids[3], secrets=("dep", True)) == "kept"  # named secrets, no own file
+    assert store.read_secrets("dep") == {"API": "old"}
+    # a link planted at the active name is refused, and current does not move
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    active.unlink()
+    active.symlink_to(victim)
+    with pytest.raises(RemoteError, match="symbolic link"):
+        store.switch(ids[1], secrets=("dep", True))
+    assert victim.read_text() == "untouched" and store.current() == ids[3]
+    active.unlink()
+    # pruning removes the releases' secrets files with them, never current's
+    store.switch(ids[1], secrets=("dep", True))
+    assert store.prune(1, last_healthy=ids[1]) == [ids[0], ids[2]]
+    assert sorted(p.name for p in (root / "secrets").iterdir()) == ["dep.env", f"dep.{ids[1]}.env"]
 
 
 def test_tarball_is_deterministic() -> None:
