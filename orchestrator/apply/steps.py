@@ -51,7 +51,13 @@ from orchestrator.release.record import (
     plan_id,
     stamp,
 )
-from orchestrator.release.store import MANIFEST, PLAN, ReleaseStore, release_files
+from orchestrator.release.store import (
+    MANIFEST,
+    PLAN,
+    ReleaseStore,
+    release_files,
+    secrets_body,
+)
 from orchestrator.remote.connection import RemoteHost
 from orchestrator.remote.lock import HostLock
 from orchestrator.remote.systemd import ServiceManager
@@ -352,7 +358,8 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     probe_token = "@@dsv4-" + secrets.token_hex(8)
     ahead = [ctx.store.ensure_layout_command(clean=True), ctx.store.current_command(),
              ctx.store.records_command(),
-             ctx.svc.show_command(sorted(units_of(ctx.target_files).values()))]
+             ctx.svc.show_command(sorted(units_of(ctx.target_files).values())),
+             ctx.store.secrets_digest_command(ctx.deployment.name)]
     if plan.current_release is not None:
         ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
     if ctx.saved_plan:
@@ -403,7 +410,8 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
     # values are not in the plan (only names are): a rotated secret is found here, by comparing
     # with the active file, and restarts what reads it
-    ctx.actions = ctx.actions + secrets_restarts(ctx, ctx.secrets)
+    wanted = hashlib.sha256(secrets_body(ctx.secrets)).hexdigest() if ctx.secrets else None
+    ctx.actions = ctx.actions + secrets_restarts(ctx, wanted)
     cur_rec = next((r for r in ctx.records if r.id == current), None)
     current_healthy = cur_rec is not None and cur_rec.status == "healthy"
     if not ctx.actions and (current is None or current_healthy):
@@ -520,12 +528,15 @@ def rollback_preflight(ctx: Context, step: Any) -> Outcome:
     ctx.actions = _transition(ctx)
     # the target's own secrets (its engines demand its API key; the switch makes them active):
     # a release applied before secrets were kept per release keeps the active file
-    dep_name = ctx.deployment.name
-    kept = ctx.store.read_secrets(dep_name, ctx.target) if ctx.deployment.secret_names else {}
-    if kept is None:
-        kept = ctx.store.read_secrets(dep_name) or {}
-    ctx.secrets = kept
-    ctx.actions = ctx.actions + secrets_restarts(ctx, ctx.secrets)
+    name = ctx.deployment.name
+    own = ctx.store.read_secrets(name, ctx.target) if ctx.deployment.secret_names else {}
+    if own is None:
+        ctx.secrets = ctx.store.read_secrets(name) or {}
+        wanted = ctx.store.secrets_digest(name)
+    else:
+        ctx.secrets = own
+        wanted = ctx.store.secrets_digest(name, ctx.target) if own else None
+    ctx.actions = ctx.actions + secrets_restarts(ctx, wanted)
     sick = unhealthy_running_roles(ctx)
     units = role_units(ctx.deployment)
     ctx.actions = ctx.actions + [
@@ -669,23 +680,22 @@ def switch_current(ctx: Context, step: Any) -> Outcome:
     return Outcome(detail=f"current -> releases/{ctx.target}; {SECRETS_SWITCHED[how]}")
 
 
-def secrets_restarts(ctx: Context, wanted: dict[str, str]) -> list[Action]:
+def secrets_restarts(ctx: Context, wanted: str | None) -> list[Action]:
     """Restarts for the running roles of the target that the transition leaves alone, when the
-    secrets the target brings differ from the active file's: every engine and router unit reads
-    that file (``EnvironmentFile=-``), and a process keeps the values it started with, so a
-    rotated key must restart them all at the switch (or a router presents an old key to a new
-    engine). Compared in memory on the controller; only the changed names are shown."""
+    secrets the target brings (``wanted``: the sha256 of its secrets file, None for none) differ
+    from the active file's: every engine and router unit reads that file (``EnvironmentFile=-``)
+    and a process keeps the values it started with, so a rotated key must restart them all at
+    the switch (or a router presents an old key to a new engine). Compared by digest on the
+    host's side: no value leaves the file for this."""
     assert ctx.deployment is not None
-    active = ctx.store.read_secrets(ctx.deployment.name) or {}
-    changed = sorted(k for k in set(active) | set(wanted) if active.get(k) != wanted.get(k))
-    if not changed:
+    if ctx.store.secrets_digest(ctx.deployment.name) == wanted:
         return []
     affected = ctx.roles_to_restart
     units = role_units(ctx.deployment)
     states = ctx.svc.show(list(units.values()))
     return [Action(kind="restart", target=unit, roles=[role],
                    downtime="seconds" if role == "router" else "minutes",
-                   reason=f"the secrets it reads change ({', '.join(changed)})")
+                   reason="the secrets it reads change (values never shown)")
             for role, unit in units.items()
             if role not in affected and states.get(unit) and states[unit].running]
 

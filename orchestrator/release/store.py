@@ -313,9 +313,21 @@ class ReleaseStore:
         The file is created with its final mode and never through a symbolic link: ``put_bytes``
         opens a fresh temp file ``O_CREAT|O_EXCL`` with mode 0600 and renames it over the name
         (issue 19). Nothing reads it until :meth:`switch` makes it the active file."""
-        body = "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items()))
+        body = secrets_body(values)
         self._secrets_dir()
-        self.shell.put_bytes(body.encode(), self.secrets_path(name, release_id), mode=0o600)
+        self.shell.put_bytes(body, self.secrets_path(name, release_id), mode=0o600)
+
+    def secrets_digest_command(self, name: str, release_id: str | None = None) -> str:
+        path = shlex.quote(self.secrets_path(name, release_id))
+        return f"if [ -f {path} ]; then sha256sum < {path}; else echo none; fi"
+
+    def secrets_digest(self, name: str, release_id: str | None = None) -> str | None:
+        """sha256 of the active secrets file (or one release's), None when there is none: what
+        apply and rollback compare to know whether the values change, without any value leaving
+        the file (apply's preflight runs this command ahead, in the lock's round trip)."""
+        out = self.shell.check(self.secrets_digest_command(name, release_id), timeout=30,
+                               what="reading the digest of the secrets file").split()
+        return None if not out or out[0] == "none" else out[0]
 
     def read_secrets(self, name: str, release_id: str | None = None) -> dict[str, str] | None:
         """The values of the active secrets file (or one release's); None when there is none.
@@ -362,6 +374,12 @@ class ReleaseStore:
                 f"mv -fT -- {tmp} {dst} && echo secrets=activated "
                 f"|| {{ rm -f -- {tmp}; echo 'cannot activate the secrets file' >&2; exit 1; }}; "
                 f"else echo secrets=kept; fi")
+
+
+def secrets_body(values: Mapping[str, str]) -> bytes:
+    """The EnvironmentFile text of ``values`` (sorted, quoted): what a release's secrets file
+    holds, byte for byte, so its sha256 can be compared with one on the host."""
+    return "".join(f"{k}={_env_quote(v)}\n" for k, v in sorted(values.items())).encode()
 
 
 def _env_unquote(text: str) -> str:

@@ -216,6 +216,14 @@ def test_secrets_file_is_private_and_quoted(tmp_path: Path) -> None:
     assert store.read_secrets("dep", rid) == {"HF_TOKEN": 'a"b\\c'}
     # written for the release only: nothing the units read changes before the switch
     assert not (tmp_path / "secrets" / "dep.env").exists() and store.read_secrets("dep") is None
+    # what apply compares to decide whether the values change: the digest, computed on the host
+    import hashlib
+
+    from orchestrator.release.store import secrets_body
+
+    assert store.secrets_digest("dep", rid) == hashlib.sha256(
+        secrets_body({"HF_TOKEN": 'a"b\\c'})).hexdigest()
+    assert store.secrets_digest("dep") is None
     with pytest.raises(RemoteError, match="newline"):
         store.write_secrets("dep", rid, {"X": "a\nb"})
 
