@@ -448,8 +448,14 @@ def test_ctrl_c_during_apply(env: Env) -> None:
     r1 = first_release(env)
     env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 32", {"start_delay_s": 30}))
     plan = env.save(env.plan(decode_knob(env, 32)), "p2.json")
+    # Ctrl-C in a terminal: SIGINT at its default action. A process started in the background
+    # (`make test &`, nohup) inherits SIGINT ignored, and so would dsv4ctl here, which then never
+    # sees the signal: the apply ran into its health timeout and the test failed whenever the
+    # suite was started that way.
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from orchestrator.cli import entrypoint; entrypoint()")
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", "from orchestrator.cli import entrypoint; entrypoint()",
+        [sys.executable, "-u", "-c", code,
          "apply", str(plan), "--yes", "-i", str(env.inventory_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)})
