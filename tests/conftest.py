@@ -1,12 +1,14 @@
 """Suite-wide pytest options and helpers.
 
 ``--update-golden`` rewrites golden files instead of comparing against them; without it a golden test
-fails with a diff. Regenerated goldens are reviewed like code before they are committed.
+fails with a diff. Regenerated goldens are reviewed like code before they are committed. The
+environment dsv4ctl sees is fixed for the session (no ``COLUMNS``, a state folder of its own).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,24 @@ def _pinned_kernels_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator import kernels_package
 
     monkeypatch.setattr(kernels_package, "digest", lambda: PINNED_KERNELS_DIGEST)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _controller_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The environment dsv4ctl runs in during tests, the same however the suite is started.
+
+    - No ``COLUMNS``/``LINES``: output is folded at 100 columns in a pipe unless ``COLUMNS`` says
+      otherwise, and tests compare folded text. pytest imports readline (``_readline_workaround``),
+      which sets ``COLUMNS=80 LINES=24`` in the C environment; a serial run's ``os.environ`` never
+      sees them, but pytest-xdist workers inherit them, so their output was folded at 80 and
+      tests comparing it failed only under ``scripts/run-tests.sh``. Tests about ``COLUMNS`` set it.
+    - ``$XDG_STATE_HOME`` in a folder of the session (of each xdist worker): a record a host
+      cannot take is kept on the controller there (``~/.local/state/dsv4ctl`` by default) until
+      the next run, so nothing lands in the home of whoever runs the suite and no run sees another
+      run's leftovers. Tests about that folder set their own.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("COLUMNS", raising=False)
+        mp.delenv("LINES", raising=False)
+        mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+        yield
