@@ -506,6 +506,7 @@ class SmallDisk:
         self.env.fake.exec(f"umount -l {ROOT}; umount -l /run/smalldisk", root=True)
 
 
+@pytest.mark.usefixtures("kernels_on")
 def test_disk_full_at_upload(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 20 #3: the upload fails saying the disk is full (not "gzip: unexpected end of
     file"), nothing serving changes, and no record is emptied."""
@@ -523,6 +524,7 @@ def test_disk_full_at_upload(env: Env, capsys: pytest.CaptureFixture[str]) -> No
         agree(env, capsys)
 
 
+@pytest.mark.usefixtures("kernels_on")
 @pytest.mark.parametrize("recovery", ["re-run", "printed rollback"])
 def test_disk_full_right_after_the_switch(env: Env, monkeypatch: Any, tmp_path: Any,
                                           capsys: pytest.CaptureFixture[str], recovery: str
