@@ -436,6 +436,10 @@ def status(host_name: str, host: Host) -> StatusReport:
                           "  if h and d!=h: print(p, 'missing' if d is None else 'modified')\n"),
             timeout=60)
         rep.file_drift += [line for line in check.stdout.splitlines() if line.strip()]
+        # the secrets file the units read against current's own (the switch copies it)
+        secrets = store.secrets_drift(dep.name, current, bool(dep.secret_names))
+        if secrets:
+            rep.file_drift.append(secrets)
         # installed unit files against the release's
         for unit in units.values():
             res = remote.run(f"cmp -s {shlex.quote(store.path(current, 'units', unit))} "

@@ -411,12 +411,16 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
     # values are not in the plan (only names are): a rotated secret is found here, by comparing
     # with the active file, and restarts what reads it
     wanted = hashlib.sha256(secrets_body(ctx.secrets)).hexdigest() if ctx.secrets else None
-    ctx.actions = ctx.actions + secrets_restarts(ctx, wanted)
+    rotated = secrets_restarts(ctx, wanted)
+    ctx.actions = ctx.actions + rotated
     cur_rec = next((r for r in ctx.records if r.id == current), None)
     current_healthy = cur_rec is not None and cur_rec.status == "healthy"
     if not ctx.actions and (current is None or current_healthy):
         return Outcome(finish="No changes.", detail="release files identical, all units running")
     note = f"{service_user_note}; " if service_user_note else ""
+    if rotated:
+        note += ("the secrets the units read change (values not in the plan; never shown), so "
+                 "every running role restarts at the switch; ")
     if current is not None and not current_healthy:
         # a release switched to but never proven healthy (its run was lost, or its restore
         # failed): the same files are proven healthy again as a new release (issue 20 #7)

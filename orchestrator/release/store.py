@@ -347,6 +347,29 @@ class ReleaseStore:
                 out[k] = _env_unquote(v)
         return out
 
+    def secrets_drift(self, name: str, release_id: str, has_secrets: bool) -> str | None:
+        """Whether the units' secrets file is ``release_id``'s (for ``status``: the switch made it
+        so; an edit on the host, or a switch by hand, would not): None when it is (or the release
+        predates per-release secrets, so there is nothing to compare), else what differs. Compared
+        on the host (``cmp``); no value leaves the files."""
+        own = shlex.quote(self.secrets_path(name, release_id))
+        act = shlex.quote(self.secrets_path(name))
+        res = self.shell.run(
+            f"if [ -f {own} ]; then if [ -f {act} ]; then cmp -s -- {own} {act} && echo same "
+            f"|| echo differs; else echo missing; fi; elif [ -f {act} ]; then echo extra; "
+            f"else echo none; fi", timeout=30)
+        word = res.stdout.strip()
+        units_file = f"secrets/{name}.env"
+        if word == "differs":
+            return f"{units_file} (what the units read) differs from {release_id}'s secrets"
+        if word == "missing":
+            return f"{units_file} (what the units read) is missing; {release_id} has secrets"
+        if word == "extra" and not has_secrets:
+            return f"{units_file} (what the units read) exists; {release_id} has no secrets"
+        if word not in ("same", "none", "extra"):
+            return f"{units_file}: could not be compared ({res.stderr.strip()[-200:]})"
+        return None
+
     def read_secret(self, name: str, key: str) -> str | None:
         """One value of the active ``secrets/<name>.env`` (for ``status``'s requests to an engine
         that wants its API key): the current release's, since only :meth:`switch` writes it."""

@@ -129,7 +129,8 @@ def test_failure_before_the_switch_leaves_the_active_file(
     assert env.serves(api_key=OLD) and env.lock_free()
 
 
-def test_rollback_restores_the_release_key(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollback_restores_the_release_key(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     """(3) r2 rotates the key and is healthy; `dsv4ctl rollback r1` puts r1's key back: the
     file the units read and the key every running process received."""
     r1 = first(env, monkeypatch)
@@ -146,6 +147,17 @@ def test_rollback_restores_the_release_key(env: Env, monkeypatch: pytest.MonkeyP
     assert text is not None and OLD in text and NEW not in text
     assert running_keys(env) == dict.fromkeys(UNITS, OLD)
     assert env.serves(api_key=OLD) and env.generate_status(NEW) == 401
+    # status agrees: current's secrets are what the units read; an edit on the host is drift
+    capsys.readouterr()
+    assert env.cli("status", "--host", "h") == 0
+    assert "no drift" in capsys.readouterr().out
+    env.fake.exec(f"echo 'X=1' >> {ACTIVE}", check=True)
+    assert env.cli("status", "--host", "h") == 1
+    shown = capsys.readouterr()
+    assert "secrets/itest.env (what the units read) differs from " + r1 in " ".join(
+        shown.out.split())
+    assert OLD not in shown.out + shown.err and NEW not in shown.out + shown.err
+    env.fake.exec(f"sed -i '/^X=1$/d' {ACTIVE}", check=True)
     # and forward again: the release's own file brings its key back
     assert env.cli("rollback", r2, "--host", "h") == 0
     assert running_keys(env) == dict.fromkeys(UNITS, NEW) and NEW in (active(env) or "")
@@ -184,3 +196,21 @@ def test_removed_secret_leaves_at_the_switch(env: Env, monkeypatch: pytest.Monke
     text = active(env)
     assert text is not None and HF in text and OLD in text
     assert running_keys(env) == dict.fromkeys(UNITS, OLD)
+
+
+def test_rotated_key_alone_restarts_every_role(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the value changes (same profile, same files): not "No changes."; a new release
+    whose switch brings the key, every running role restarted with it, the value never printed."""
+    r1 = first(env, monkeypatch)
+    monkeypatch.setenv("ITEST_API", NEW)
+    capsys.readouterr()
+    assert env.apply(profile(), name="r2.json") == 0
+    shown = capsys.readouterr()
+    said = " ".join(shown.out.split())
+    assert "No changes." not in said and "the secrets the units read change" in said
+    assert NEW not in shown.out + shown.err and OLD not in shown.out + shown.err
+    r2 = env.current()
+    assert r2 != r1 and NEW in (active(env) or "")
+    assert running_keys(env) == dict.fromkeys(UNITS, NEW) and env.serves(api_key=NEW)
+    assert sorted(env.record(r2)["restarted_roles"]) == ["decode", "prefill", "router"]

@@ -250,11 +250,18 @@ def test_switch_owns_the_active_secrets_file(tmp_path: Path) -> None:
     assert store.read_secrets("dep") == {"API": "new"} and store.current() == ids[1]
     assert store.switch(ids[0], secrets=("dep", True)) == "activated"  # a rollback
     assert store.read_secrets("dep") == {"API": "old"}
+    # status: the units' file is current's; an edit is drift (named, no value shown)
+    assert store.secrets_drift("dep", ids[0], True) is None
+    active.write_text('API="edited"\n')
+    assert "differs from " + ids[0] in (store.secrets_drift("dep", ids[0], True) or "")
+    store.switch(ids[0], secrets=("dep", True))
     # a copy, not a link: the release's own file is not changed by whatever happens to the other
     assert not active.is_symlink() and active.stat().st_ino != (
         root / "secrets" / f"dep.{ids[0]}.env").stat().st_ino
     assert store.switch(ids[2], secrets=("dep", False)) == "none"
     assert not active.exists() and store.current() == ids[2]
+    assert store.secrets_drift("dep", ids[2], False) is None
+    assert "is missing" in (store.secrets_drift("dep", ids[1], True) or "")
     store.switch(ids[0], secrets=("dep", True))
     assert store.switch(ids[3], secrets=("dep", True)) == "kept"  # named secrets, no own file
     assert store.read_secrets("dep") == {"API": "old"}
