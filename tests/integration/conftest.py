@@ -5,6 +5,11 @@ up once per test session (per xdist worker) and torn down at the end, even after
 Tests that change a host (units, files, sim-control) must undo what they did or use names
 no other test uses; `fresh_sim_control` resets the simulator control file of every host.
 A missing sshd/ip/systemd makes the fixture raise, so the tests fail rather than skip.
+
+Also owns a guard: an apply whose profile leaves ``health.stability_window_s`` to the production
+default (the router's detection time, 180 s) fails the test at once instead of idling through
+the window (how CI went from 11 to 33 minutes); tests about the default mark themselves
+``production_stability_window``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,29 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import FakeHost, HostCluster
+
+
+@pytest.fixture(autouse=True)
+def _test_sized_stability_window(request: pytest.FixtureRequest,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail an apply that would watch the production stability window (see module docstring).
+    ``pytest.fail`` is a BaseException: the apply's own error handling does not turn it into a
+    rollback, it ends the test with this message."""
+    if request.node.get_closest_marker("production_stability_window"):
+        return
+    from orchestrator import health
+
+    real = health.default_stability_window_s
+
+    def refuse(router_defaults: dict[str, object]) -> float:
+        window = real(router_defaults)
+        pytest.fail(f"{request.node.nodeid} applies a profile without "
+                    f"health.stability_window_s: the apply would idle through the production "
+                    f"default of {window:g} s. Set a test-sized window (tests/integration/"
+                    "test_apply.py profile_dict uses 1.5 s), or mark the test "
+                    "production_stability_window if the default is what it tests.")
+
+    monkeypatch.setattr(health, "default_stability_window_s", refuse)
 
 
 @pytest.fixture(scope="session")
