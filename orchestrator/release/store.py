@@ -259,11 +259,17 @@ class ReleaseStore:
         release without its own secrets file) or ``""`` (not asked)."""
         tmp = f"{self.root}/.current.tmp"
         activate = ""
-        if secrets is not None:
-            name, has = secrets
+        if secrets is not None and secrets[1]:
             activate = (f"{hostfs.ensure_dirs(self.root, 'secrets', mode='0700')}\n"
                         f"chmod 700 {self.q('secrets')} || exit 1\n"
-                        f"{self._activate_secrets(name, release_id, has)}\n")
+                        f"{self._activate_secrets(secrets[0], release_id, True)}\n")
+        elif secrets is not None:
+            # nothing to create (a full disk must not fail a switch to a release without
+            # secrets): remove the units' file when the (real, never a linked) dir holds one
+            activate = (f"{hostfs.PRELUDE}\ndsv4_nolink {self.q('secrets')}\n"
+                        f"if [ -d {self.q('secrets')} ]; then "
+                        f"{self._activate_secrets(secrets[0], release_id, False)}; "
+                        f"else echo secrets=none; fi\n")
         out = self.shell.check(
             f"[ -f {shlex.quote(self.path(release_id, MANIFEST))} ] || "
             f"{{ echo 'release {release_id} has no manifest' >&2; exit 1; }}\n{activate}"
@@ -278,10 +284,12 @@ class ReleaseStore:
         self._dirs.difference_update(ids)
         if ids:
             # a release's secrets file goes with it (``secrets/<deployment>.<id>.env``; ids are
-            # unique on a host, and ``rm -f`` on a link removes the link, never its target)
-            paths = " ".join(shlex.quote(self.path(i)) + " " + self.q("secrets") + f"/*.{i}.env"
-                             for i in ids)
-            self.shell.check(f"rm -rf {paths}", timeout=300, what="removing old releases")
+            # unique on a host; never through a linked ``secrets``, and ``rm -f`` on a link
+            # removes the link, never its target)
+            paths = " ".join(shlex.quote(self.path(i)) for i in ids)
+            own = " ".join(self.q("secrets") + f"/*.{i}.env" for i in ids)
+            self.shell.check(f"rm -rf {paths} && {{ [ -L {self.q('secrets')} ] || "
+                             f"rm -f -- {own}; }}", timeout=300, what="removing old releases")
 
     def prune(self, keep: int, last_healthy: str | None) -> list[str]:
         """Delete releases beyond ``keep``; never current, never the last healthy one."""

@@ -261,6 +261,18 @@ def test_switch_owns_the_active_secrets_file(tmp_path: Path) -> None:
     assert store.switch(ids[2], secrets=("dep", False)) == "none"
     assert not active.exists() and store.current() == ids[2]
     assert store.secrets_drift("dep", ids[2], False) is None
+    # a switch to a release without secrets creates nothing, and never removes through a link
+    (root / "secrets").rename(root / "secrets.real")
+    (root / "secrets").symlink_to(root / "secrets.real")
+    (root / "secrets.real" / "dep.env").write_text("keep")
+    with pytest.raises(RemoteError, match="symbolic link"):
+        store.switch(ids[2], secrets=("dep", False))
+    assert (root / "secrets.real" / "dep.env").read_text() == "keep"
+    (root / "secrets").unlink()
+    assert store.switch(ids[2], secrets=("dep", False)) == "none"
+    assert not (root / "secrets").exists()
+    (root / "secrets.real").rename(root / "secrets")
+    (root / "secrets" / "dep.env").unlink()
     assert "is missing" in (store.secrets_drift("dep", ids[1], True) or "")
     store.switch(ids[0], secrets=("dep", True))
     assert store.switch(ids[3], secrets=("dep", True)) == "kept"  # named secrets, no own file
