@@ -108,7 +108,7 @@ class Facts(_Frozen):
         host (logs, caches), and even rounded down to whole GiB (``remote.probes``) it crosses a
         boundary now and then: a CI run saw a saved plan refused as stale with nothing else
         changed. Apply compares free space with what the plan needs instead
-        (``apply.steps.stale_reason``)."""
+        (``apply.preflight.stale_reason``)."""
         data = self.model_dump(mode="json")
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had

@@ -95,8 +95,8 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, out: Out, command: 
     """The prepare phase of :func:`apply_plan` (:meth:`.executor.Runner.prepare`): a
     :class:`PreparedApply`, or the apply's Result when it ended there (no changes, or a
     prepare step failed with nothing serving changed; the connection is then closed)."""
+    from orchestrator.apply.context import Context, profile_from_plan
     from orchestrator.apply.executor import Runner
-    from orchestrator.apply.steps import Context, profile_from_plan
 
     try:
         if plan.host != host_name:
@@ -185,8 +185,8 @@ def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:
 
 
 def rollback(host_name: str, host: Host, target: str | None, *, out: Out, command: str) -> Any:
+    from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
-    from orchestrator.apply.steps import Context
     from orchestrator.release.ids import is_release_id
 
     remote = _connect(host_name, host)
@@ -221,7 +221,7 @@ def _rollback_profile(ctx: Any) -> Any:
         return None
     if ctx.profile is not None:
         return ctx.profile
-    from orchestrator.apply.steps import load_release
+    from orchestrator.apply.context import load_release
 
     try:
         current = ctx.store.current()
@@ -375,9 +375,9 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
 
 
 def status(host_name: str, host: Host) -> StatusReport:
+    from orchestrator.apply.context import load_release, role_units
     from orchestrator.apply.kernels_seen import loaded_by_pid
     from orchestrator.apply.metrics import release_metrics
-    from orchestrator.apply.steps import load_release, role_units
     from orchestrator.health import evaluate
     from orchestrator.release.store import MANIFEST, ReleaseStore
     from orchestrator.remote.lock import is_locked, read_holder

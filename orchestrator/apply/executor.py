@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator.apply.context import Context, Outcome, role_units
 from orchestrator.apply.playbook import Playbook, load_playbook
-from orchestrator.apply.steps import ACTIONS, Context, Outcome, reconcile, role_units
+from orchestrator.apply.preflight import reconcile
+from orchestrator.apply.steps import ACTIONS
 from orchestrator.errors import ApplyFailed, DsvError, Interrupted, RemoteError
 from orchestrator.release.record import ReleaseRecord, rollback_target, utcnow
 
@@ -428,7 +430,7 @@ class Runner:
             reconcile(ctx)
             ctx.from_release = ctx.store.current()
             if ctx.from_release is not None:
-                from orchestrator.apply.steps import load_release
+                from orchestrator.apply.context import load_release
 
                 ctx.from_files, ctx.from_deployment, prof = load_release(ctx.store,
                                                                          ctx.from_release)
@@ -520,8 +522,8 @@ def _save_final(ctx: Context) -> str:
 
 def _save_local(rec: ReleaseRecord) -> str:
     """Last resort when the host cannot take the record (unreachable, disk full): keep the journal
-    on the controller; the next apply or rollback puts it on the host (:func:`.steps.reconcile`)."""
-    from orchestrator.apply.steps import local_record_path
+    on the controller; the next apply or rollback puts it on the host (:func:`.preflight.reconcile`)."""
+    from orchestrator.apply.preflight import local_record_path
 
     path = local_record_path(rec.host, rec.id)
     try:

@@ -107,7 +107,7 @@ def summary(m: PoolMeasurement) -> str:
 
 def measure_pool(ctx: Any, step: Any) -> Any:
     """Apply step: measure every role's pool; record it; update the host's calibration."""
-    from orchestrator.apply.steps import Outcome
+    from orchestrator.apply.context import Outcome
 
     if ctx.plan is None or ctx.record is None:
         return Outcome(detail="no plan to compare with")

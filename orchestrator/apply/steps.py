@@ -1,4 +1,4 @@
-"""The step implementations that ``playbooks/*.yaml`` name, and the state they share.
+"""The step implementations that ``playbooks/*.yaml`` name (:data:`ACTIONS`).
 
 A step is a function ``(ctx, step) -> Outcome``. It reads and changes :class:`Context` and raises a
 typed :class:`~orchestrator.errors.DsvError` on failure; the executor (:mod:`.executor`) journals,
@@ -8,571 +8,43 @@ persists the record and decides about rollback. Steps never print: they report t
 The same steps serve apply and rollback because both are one *transition*: from the files the
 host runs now (``from_files``) to a target release on the host (``target_files``). Only roles whose
 files differ are stopped and restarted; roles that are not running are started.
-"""
 
+The state the steps share and how a release is read back live in :mod:`.context`; the checks
+before anything changes (preflight, reconcile) in :mod:`.preflight`.
+"""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import io
 import json
-import secrets
 import shlex
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from orchestrator import kernels_package
-from orchestrator.apply.measure import measure_pool
-from orchestrator.deployment import Deployment
-from orchestrator.errors import DsvError, RemoteError, StalePlan
-from orchestrator.facts import Facts
-from orchestrator.planner.checks import gb
-from orchestrator.planner.transition import (
-    ROLE_ORDER,
-    ReleaseFile,
-    release_from_manifest,
-    roles_affected,
-    transition,
-    unit_plan,
-    units_of,
+from orchestrator.apply.context import (
+    Context,
+    Outcome,
+    StepFailed,
+    engine_http,
+    role_units,
 )
-from orchestrator.planner_model import Action, Plan, summarize_actions
-from orchestrator.profile.inventory import Host
-from orchestrator.profile.schema import Profile
+from orchestrator.apply.measure import measure_pool
+from orchestrator.apply.preflight import preflight, rollback_preflight
+from orchestrator.errors import DsvError
+from orchestrator.planner.transition import (
+    unit_plan,
+)
 from orchestrator.release.record import (
     Event,
     KernelsSeen,
     Qualification,
     ReleaseRecord,
-    plan_id,
     stamp,
 )
-from orchestrator.release.store import (
-    MANIFEST,
-    PLAN,
-    ReleaseStore,
-    release_files,
-    secrets_body,
-)
-from orchestrator.remote.connection import RemoteHost
-from orchestrator.remote.lock import HostLock
-from orchestrator.remote.systemd import ServiceManager
-
-
-class StepFailed(DsvError):
-    """A step's own failure (health, smoke, self-test); the executor decides what follows."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: str = "ok"  # ok | skipped
-    detail: str | None = None
-    finish: str | None = None  # stop the playbook successfully with this message
-
-
-def role_units(dep: Deployment | None) -> dict[str, str]:
-    """role -> unit name, engines first, router last (start order; reverse for stop)."""
-    if dep is None:
-        return {}
-    out = {r.name: r.unit for r in sorted(dep.roles, key=lambda r: ROLE_ORDER.index(r.name))}
-    if dep.router is not None:
-        out["router"] = dep.router.unit
-    return out
-
-
-@dataclass
-class Context:
-    remote: RemoteHost
-    host_name: str
-    host: Host
-    out: Callable[[str], None]
-    now: Callable[[], datetime]
-    command: str
-    store: ReleaseStore = field(init=False)
-    svc: ServiceManager = field(init=False)
-    lock: HostLock | None = None
-    record: ReleaseRecord | None = None
-    persist: bool = False
-    journal_prefix: str = ""
-    # the transition
-    target: str | None = None
-    target_files: dict[str, ReleaseFile] = field(default_factory=dict)
-    deployment: Deployment | None = None
-    profile: Profile | None = None
-    from_release: str | None = None
-    from_files: dict[str, ReleaseFile] = field(default_factory=dict)
-    from_deployment: Deployment | None = None
-    # apply only
-    plan: Plan | None = None
-    saved_plan: bool = False
-    tree: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-    manifest_sha: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, str] = field(default_factory=dict)
-    # planner.transition's actions from (from_files, target_files, the units running at preflight):
-    # the only list stop_changed and start_units execute
-    actions: list[Action] = field(default_factory=list)
-    # what happened
-    stopped: list[str] = field(default_factory=list)
-    started: list[str] = field(default_factory=list)
-    switched: bool = False
-    rollback_timeout_s: float = 1800.0
-    health: str = ""
-    records: list[ReleaseRecord] = field(default_factory=list)
-    # apply's forward steps fail when their journal cannot be written (issue 20 #1); a rollback
-    # carries on without it (putting a release back matters more than its journal), keeps the
-    # record in memory and says so
-    journal_strict: bool = True
-    journal_error: str | None = None
-
-    @property
-    def roles_to_restart(self) -> set[str]:
-        """Roles whose process the transition stops, starts or restarts."""
-        return set(roles_affected(self.actions))
-
-    def __post_init__(self) -> None:
-        self.store = ReleaseStore(self.remote, self.host.install_root)
-        self.svc = ServiceManager(self.remote, self.host.scope)
-
-    def condition(self, name: str) -> tuple[bool, str]:
-        assert self.deployment is not None and self.profile is not None
-        if name == "kernels_enabled":
-            return self.deployment.kernels_enabled, "kernels.enabled is false in the profile"
-        if name == "qualify_configured":
-            return self.profile.health.qualify is not None, "health.qualify is not set"
-        raise KeyError(name)
-
-    def timeout(self, name: str | None) -> float:
-        assert self.profile is not None
-        if name == "rollback":
-            return self.rollback_timeout_s
-        return float(self.profile.health.startup_timeout_s)
-
-    def save_record(self) -> None:
-        if not self.persist or self.record is None:
-            return
-        try:
-            self.store.write_record(self.record)
-            self.journal_error = None
-        except DsvError as exc:
-            if self.journal_strict:
-                raise
-            if self.journal_error is None:
-                self.out(f"  (the journal could not be written, carrying on: {exc.message})")
-            self.journal_error = exc.message
-
-
-# ------------------------------------------------------------------------------------ loading ---
-
-RELEASE_META = (MANIFEST, PLAN, "profile.yaml")  # what load_release reads of a release
-
-
-def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, ReleaseFile], Deployment,
-                                                                 Profile]:
-    """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
-    from orchestrator.profile.loader import load_text
-
-    text = store.read_files(release_id, list(RELEASE_META))
-    files = release_from_manifest(json.loads(text[MANIFEST]))
-    plan = Plan.model_validate_json(text[PLAN])
-    profile = load_text(Profile, text["profile.yaml"], f"{release_id}/profile.yaml")
-    return files, plan.deployment, profile
-
-
-def profile_from_plan(plan: Plan) -> Profile:
-    from orchestrator.profile.loader import load_text
-
-    for f in plan.files:
-        if f.path == "profile.yaml" and f.content is not None:
-            return load_text(Profile, f.content, "plan:profile.yaml")
-    raise StalePlan("the plan carries no profile.yaml (plan saved without file contents?)",
-                    fix="re-create it with `dsv4ctl plan --host NAME --live -o plan.json`")
-
-
-MAX_SECRET_BYTES = 64 * 1024
-
-
-def _read_secret_file(name: str, path: str) -> str:
-    """A secret file's text: a regular file whose real path (links resolved) is not under /proc,
-    /dev or /sys, at most MAX_SECRET_BYTES (issue 19: ``/proc/self/environ``, or a link to it,
-    shipped the controller's whole environment to the host)."""
-    import os
-    import stat
-
-    from orchestrator.profile.schema import forbidden_secret_dir
-
-    real = os.path.realpath(path)
-    where = forbidden_secret_dir(real)
-    if where is not None:
-        raise DsvError(f"secrets.{name}.file: {path} resolves to {real}, under {where}, which is "
-                       "not a secret store", fix="put the secret in a regular file, or use env:")
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise DsvError(f"secrets.{name}.file: cannot read {path}: {exc.strerror}",
-                       fix="check the path and permissions of the secret file") from exc
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise DsvError(f"secrets.{name}.file: {path} is not a regular file",
-                           fix="point it at a regular file holding only the secret")
-        data = fh.read(MAX_SECRET_BYTES + 1)
-    if len(data) > MAX_SECRET_BYTES:
-        raise DsvError(f"secrets.{name}.file: {path} is larger than {MAX_SECRET_BYTES} bytes",
-                       fix="point it at a file holding only the secret")
-    return data.decode("utf-8", "replace").strip()
-
-
-def resolve_secrets(profile: Profile) -> dict[str, str]:
-    """Read the profile's secret refs on the controller. Values never enter a plan, a record or
-    output; only the names do."""
-    import os
-
-    out: dict[str, str] = {}
-    for name, ref in sorted(profile.secrets.items()):
-        if ref.env is not None:
-            value = os.environ.get(ref.env)
-            if value is None:
-                raise DsvError(f"secret {name}: environment variable {ref.env} is not set on the "
-                               "controller", fix=f"export {ref.env}=... before `dsv4ctl apply`")
-        else:
-            assert ref.file is not None
-            value = _read_secret_file(name, ref.file)
-        out[name] = value
-    return out
-
-
-def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, str], str]:
-    """The release tree (files + manifest.json + plan.json), the manifest's hashes and its text.
-
-    The manifest is the renderer's (:meth:`orchestrator.render.ReleaseTree.manifest`, its one
-    writer), built from the plan's files after :func:`release_files` checked each against the
-    sha256 the plan recorded."""
-    from orchestrator.render import ReleaseTree, RenderedFile
-
-    files = release_files(plan.files)
-    manifest_text = ReleaseTree(plan.deployment.name, {
-        p: RenderedFile(d.decode("utf-8"), m, tuple(r)) for p, (d, m, r) in files.items()
-    }).manifest()
-    hashes = {p: f.sha256 for p, f in release_from_manifest(json.loads(manifest_text)).items()
-              if f.sha256}
-    tree = {p: (d, m) for p, (d, m, _) in files.items()}
-    tree[MANIFEST] = (manifest_text.encode(), 0o644)
-    tree[PLAN] = (plan.model_dump_json(indent=2).encode() + b"\n", 0o644)
-    return tree, hashes, manifest_text
-
-
-# ---------------------------------------------------------------------------------- preflight ---
-
-def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -> str | None:
-    """Why a saved plan no longer matches the host, or None. ``facts`` were probed with the
-    profile's checkpoint path; the planner may have probed without it (``gather_facts`` without
-    ``model_paths``), so the fingerprint of that narrower probe is accepted too."""
-    from orchestrator.remote.probes import probe_paths
-
-    if plan.facts_source != "probed":
-        return ("the plan was made from the inventory's declared facts, not from the live host; "
-                "apply needs a plan made against the host "
-                "(`dsv4ctl plan PROFILE --live -o plan.json`)")
-    if plan.current_release != facts.current_release:
-        return (f"the host's current release is {facts.current_release or 'none'}, the plan was "
-                f"made against {plan.current_release or 'none'}")
-    prints = {facts.fingerprint()}
-    narrow = facts
-    if model_path:
-        disks, models = probe_paths(host, ())
-        narrow = facts.model_copy(update={
-            "models": [m for m in facts.models if m.path in models],
-            "disks": [d for d in facts.disks if d.path in disks],
-        })
-        prints.add(narrow.fingerprint())
-    if plan.facts_fingerprint not in prints:
-        if plan.facts_fingerprint in {f.model_copy(update={"calibration": []}).fingerprint()
-                                      for f in (facts, narrow)}:
-            return ("the host's KV-pool calibration (calibration.json) changed since planning: "
-                    "a newer measurement of its engine; re-plan to use it")
-        return ("the host's facts (GPUs, disks, models, ports, units or KV-pool calibration) "
-                "changed since planning")
-    # free space is not in the fingerprint (Facts.fingerprint): what matters is that the
-    # checkpoint still fits where the plan puts it
-    for row in plan.disks:
-        disk = next((d for d in facts.disks if d.path == row.path), None)
-        if not row.present and disk is not None and disk.free_bytes < row.needed_bytes:
-            return (f"{row.path} has {gb(disk.free_bytes)} free now, and the checkpoint needs "
-                    f"{gb(row.needed_bytes)} (the plan saw {gb(row.free_bytes)} free)")
-    return None
-
-
-def _refuse_if_applied(ctx: Context, plan: Plan,
-                       records: list[ReleaseRecord] | None = None) -> None:
-    """StalePlan if a release was made from this very plan (records read without the lock when
-    not given: a read-only look, before the facts' staleness is reported)."""
-    records = ctx.store.read_records() if records is None else records
-    pid = plan_id(plan)
-    done = [r for r in records if r.plan_id == pid]
-    if done:
-        raise StalePlan(f"this plan was already applied as release {done[-1].id} "
-                        f"({done[-1].status})", fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
-
-
-def ensure_service_user(ctx: Context) -> str:
-    """System scope: the units' ``User=`` (inventory ``service_user``) exists and is not root;
-    created as a system user without a home or login shell when missing (issue 19). User scope:
-    the units run as the SSH user, nothing to create."""
-    if ctx.host.scope != "system":
-        return ""
-    user = shlex.quote(ctx.host.service_user)
-    out = ctx.remote.check(
-        f"if id -u {user} >/dev/null 2>&1; then echo exists; else "
-        f"useradd --system --user-group --no-create-home --home-dir /nonexistent "
-        f"--shell /usr/sbin/nologin {user} && echo created; fi; id -u {user}",
-        timeout=60, what=f"checking or creating the service user {ctx.host.service_user}")
-    state, _, uid = out.strip().partition("\n")
-    if uid.strip() == "0":
-        raise StepFailed(f"host.service_user {ctx.host.service_user!r} has uid 0 on host "
-                         f"'{ctx.host_name}': the engines would run as root",
-                         fix="set service_user in the inventory to an unprivileged user")
-    return f"service user {ctx.host.service_user} (uid {uid.strip()}) {state}"
-
-
-def preflight(ctx: Context, step: Any) -> Outcome:
-    from orchestrator.apply.prefetch import Batch, prefetched
-    from orchestrator.remote.probes import facts_command
-
-    plan = ctx.plan
-    assert plan is not None and ctx.deployment is not None and ctx.profile is not None
-    if plan.errors:
-        raise DsvError(f"the plan has {len(plan.errors)} error check(s): "
-                       + "; ".join(c.id for c in plan.errors),
-                       fix="fix the profile (see `dsv4ctl plan`); nothing was changed")
-    ctx.secrets = resolve_secrets(ctx.profile)
-    ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan)
-    ctx.target_files = release_from_manifest(json.loads(ctx.tree[MANIFEST][0]))
-    # the lock first (issue 20 #9): a concurrent run must be told "locked" (exit 5), not that
-    # the plan it holds went stale because the other run is changing the host. Everything read
-    # below runs under it, in the lock's own round trip (issue 20 #10), predicted from the plan:
-    # the release it was made against and the target's units (what a no-change apply reads)
-    probe_token = "@@dsv4-" + secrets.token_hex(8)
-    ahead = [ctx.store.ensure_layout_command(clean=True), ctx.store.current_command(),
-             ctx.store.records_command(),
-             ctx.svc.show_command(sorted(units_of(ctx.target_files).values())),
-             ctx.store.secrets_digest_command(ctx.deployment.name)]
-    if plan.current_release is not None:
-        ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
-    if ctx.saved_plan:
-        ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
-    batch = Batch(ahead)
-    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
-    out = ctx.lock.acquire(then=batch.script)
-    ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
-    with prefetched(ctx, batch.results(out)) as shell:
-        return _preflight_reads(ctx, plan, shell, probe_token)
-
-
-def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> Outcome:
-    from orchestrator.remote.probes import collect_facts
-
-    assert ctx.deployment is not None
-    if ctx.saved_plan:
-        ctx.out("  probing the host to check the saved plan is still current")
-        facts = collect_facts(shell, ctx.host_name, ctx.host,
-                              model_paths=[ctx.deployment.model_path], token=probe_token)
-        why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
-        if why:
-            if plan.current_release == facts.current_release:
-                # the host's facts moved, but this very plan was applied already: say that
-                _refuse_if_applied(ctx, plan)
-            raise StalePlan(f"saved plan is stale: {why}",
-                            fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live -o PLAN.json")
-    ctx.store.ensure_layout(clean=True)
-    service_user_note = ensure_service_user(ctx)
-    current = ctx.store.current()
-    if current != plan.current_release:  # changed between planning/probing and the lock
-        raise StalePlan(f"the host's current release is {current or 'none'}, the plan was made "
-                        f"against {plan.current_release or 'none'}",
-                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
-    ctx.records = reconcile(ctx, ctx.store.read_records(), current)
-    if ctx.saved_plan:
-        _refuse_if_applied(ctx, plan, ctx.records)
-    ctx.from_release = current
-    if current is not None:
-        ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
-    ctx.actions = _transition(ctx)
-    if ctx.actions != plan.actions:
-        # the host moved between planning and now (a unit stopped, a release switched): what was
-        # reviewed is not what would run
-        raise StalePlan("the host changed since planning: the plan says "
-                        f"{summarize_actions(plan.actions)!r}, the host now needs "
-                        f"{summarize_actions(ctx.actions)!r}",
-                        fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
-    # values are not in the plan (only names are): a rotated secret is found here, by comparing
-    # with the active file, and restarts what reads it
-    wanted = hashlib.sha256(secrets_body(ctx.secrets)).hexdigest() if ctx.secrets else None
-    rotated = secrets_restarts(ctx, wanted)
-    ctx.actions = ctx.actions + rotated
-    cur_rec = next((r for r in ctx.records if r.id == current), None)
-    current_healthy = cur_rec is not None and cur_rec.status == "healthy"
-    if not ctx.actions and (current is None or current_healthy):
-        return Outcome(finish="No changes.", detail="release files identical, all units running")
-    note = f"{service_user_note}; " if service_user_note else ""
-    if rotated:
-        note += ("the secrets the units read change (values not in the plan; never shown), so "
-                 "every running role restarts at the switch; ")
-    if current is not None and not current_healthy:
-        # a release switched to but never proven healthy (its run was lost, or its restore
-        # failed): the same files are proven healthy again as a new release (issue 20 #7)
-        note += (f"current release {current} is recorded "
-                 f"{cur_rec.status if cur_rec else 'without a record'}, so it is proven healthy "
-                 "again as a new release; ")
-    return Outcome(detail=note + _describe(ctx.actions))
-
-
-def _transition(ctx: Context) -> list[Action]:
-    """The transition from the release the host runs to the target, given the units running now
-    (the same function and inputs ``plan`` used)."""
-    units = {*units_of(ctx.from_files).values(), *units_of(ctx.target_files).values()}
-    states = {u: st.active for u, st in ctx.svc.show(sorted(units)).items()
-              if st.loaded != "not-found"}
-    current = ctx.from_files if ctx.from_release is not None else None
-    return transition(current, ctx.target_files, states)
-
-
-def _describe(actions: list[Action]) -> str:
-    parts = [summarize_actions(actions)]
-    for kind in ("stop", "restart", "start"):
-        units = [a.target for a in actions if a.kind == kind]
-        if units:
-            parts.append(f"{kind} {', '.join(units)}")
-    return "; ".join(parts)
-
-
-def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
-              current: str | None = None) -> list[ReleaseRecord]:
-    """At the start of every apply and rollback, under the lock: a record still "applying" was
-    left by a run that was lost (killed, or its host connection dropped for good), since no other
-    run can hold the lock. Mark it interrupted with what is known - the step it was in, whether
-    ``current`` points at it - so the journal never stays "applying" (issue 20 #7). ``records``
-    and ``current``: as just read under the lock (read here when not given). Returns the records
-    as they are now on the host."""
-    if records is None:
-        current, records = ctx.store.current(), ctx.store.read_records()
-    out = []
-    for rec in records:
-        out.append(rec)
-        if rec.status != "applying":
-            continue
-        t = stamp(ctx.now())
-        saved = _local_record(rec.host, rec.id)
-        if saved is not None and saved.status != "applying":
-            # the run was not lost: it finished, but the host could not take its record
-            saved.events.append(Event(time=t, kind="reconciled", detail=(
-                "the outcome was kept on the controller (the host could not take the record "
-                "then) and put back here by a later run")))
-            try:
-                ctx.store.write_record(saved)
-            except DsvError as exc:
-                ctx.out(f"  (could not put the saved record of {rec.id} back: {exc.message})")
-                continue
-            local_record_path(rec.host, rec.id).unlink(missing_ok=True)
-            ctx.out(f"  {rec.id}: its record ({saved.status}) was put back from the controller")
-            out[-1] = saved
-            continue
-        running = [e.step for e in rec.journal if e.result == "running"]
-        for e in rec.journal:
-            if e.result == "running":
-                e.result, e.end = "interrupted", t
-                e.error = "the run doing this step was lost (dsv4ctl killed or the host unreachable)"
-        last = running[-1] if running else (rec.journal[-1].step if rec.journal else "none")
-        serving = ("current points at it (it was switched to but never proven healthy)"
-                   if current == rec.id else f"current is {current or 'none'}")
-        rec.status = "interrupted"
-        rec.events.append(Event(time=t, kind="reconciled", result="failed",
-                                detail=f"found 'applying' with no run holding the lock; last "
-                                       f"step {last}; {serving}"))
-        try:
-            ctx.store.write_record(rec)
-        except DsvError as exc:
-            ctx.out(f"  (could not mark {rec.id} as interrupted: {exc.message})")
-            continue
-        ctx.out(f"  {rec.id}: marked interrupted (its run was lost at step {last}; {serving})")
-    return out
-
-
-def local_record_path(host: str, release_id: str) -> Path:
-    """$XDG_STATE_HOME/dsv4ctl/records/<host>/<id>.json: where a record the host could not take
-    waits for the next run."""
-    import os
-
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "dsv4ctl" / "records" / host / f"{release_id}.json"
-
-
-def _local_record(host: str, release_id: str) -> ReleaseRecord | None:
-    try:
-        return ReleaseRecord.model_validate_json(
-            local_record_path(host, release_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def rollback_preflight(ctx: Context, step: Any) -> Outcome:
-    assert ctx.target is not None
-    for rel in (MANIFEST, PLAN, "profile.yaml"):
-        if not ctx.store.exists(ctx.target, rel):
-            raise StepFailed(f"release {ctx.target} is incomplete on the host: {rel} is missing",
-                             fix="pick another release from `dsv4ctl history`")
-    ctx.target_files, ctx.deployment, ctx.profile = load_release(ctx.store, ctx.target)
-    missing = [p for p in ctx.target_files if p.startswith("units/")
-               and not ctx.store.exists(ctx.target, p)]
-    if missing:
-        raise StepFailed(f"release {ctx.target} lacks {', '.join(missing)}")
-    ctx.actions = _transition(ctx)
-    # the target's own secrets (its engines demand its API key; the switch makes them active):
-    # a release applied before secrets were kept per release keeps the active file
-    name = ctx.deployment.name
-    own = ctx.store.read_secrets(name, ctx.target) if ctx.deployment.secret_names else {}
-    if own is None:
-        ctx.secrets = ctx.store.read_secrets(name) or {}
-        wanted = ctx.store.secrets_digest(name)
-    else:
-        ctx.secrets = own
-        wanted = ctx.store.secrets_digest(name, ctx.target) if own else None
-    ctx.actions = ctx.actions + secrets_restarts(ctx, wanted)
-    sick = unhealthy_running_roles(ctx)
-    units = role_units(ctx.deployment)
-    ctx.actions = ctx.actions + [
-        Action(kind="restart", target=units[role], roles=[role], downtime="minutes"
-               if role != "router" else "seconds", reason=f"runs but is unhealthy ({why})")
-        for role, why in sick.items()]
-    return Outcome(detail=f"{ctx.from_release or 'none'} -> {ctx.target}: {_describe(ctx.actions)}")
-
-
-def unhealthy_running_roles(ctx: Context) -> dict[str, str]:
-    """Roles of the target that run, that the transition leaves alone, and that fail their health
-    checks right now: a restore must restart them, or recovering from a failed restore only ever
-    re-verifies the same broken processes (issue 20 #4). The router is restarted only when every
-    engine is healthy (a router whose workers are down recovers with them)."""
-    from orchestrator.health import evaluate
-
-    assert ctx.deployment is not None
-    restarting = ctx.roles_to_restart
-    units = {r: u for r, u in role_units(ctx.deployment).items() if r not in restarting}
-    states = ctx.svc.show(list(role_units(ctx.deployment).values()))
-    running = {r: u for r, u in units.items() if states.get(u) and states[u].running}
-    if not running:
-        return {}
-    report = evaluate(engine_http(ctx), ctx.deployment, states, {}, timeout=5.0)
-    bad: dict[str, str] = {}
-    for res in report.failing():
-        if res.subject in running and res.check != "unit":
-            bad.setdefault(res.subject, f"{res.check}: {res.message}")
-    if any(r != "router" for r in bad) or any(r != "router" for r in restarting):
-        bad.pop("router", None)
-    return bad
-
 
 # ----------------------------------------------------------------------------- upload/kernels ---
 
@@ -684,26 +156,6 @@ def switch_current(ctx: Context, step: Any) -> Outcome:
     return Outcome(detail=f"current -> releases/{ctx.target}; {SECRETS_SWITCHED[how]}")
 
 
-def secrets_restarts(ctx: Context, wanted: str | None) -> list[Action]:
-    """Restarts for the running roles of the target that the transition leaves alone, when the
-    secrets the target brings (``wanted``: the sha256 of its secrets file, None for none) differ
-    from the active file's: every engine and router unit reads that file (``EnvironmentFile=-``)
-    and a process keeps the values it started with, so a rotated key must restart them all at
-    the switch (or a router presents an old key to a new engine). Compared by digest on the
-    host's side: no value leaves the file for this."""
-    assert ctx.deployment is not None
-    if ctx.store.secrets_digest(ctx.deployment.name) == wanted:
-        return []
-    affected = ctx.roles_to_restart
-    units = role_units(ctx.deployment)
-    states = ctx.svc.show(list(units.values()))
-    return [Action(kind="restart", target=unit, roles=[role],
-                   downtime="seconds" if role == "router" else "minutes",
-                   reason="the secrets it reads change (values never shown)")
-            for role, unit in units.items()
-            if role not in affected and states.get(unit) and states[unit].running]
-
-
 def install_units(ctx: Context, step: Any) -> Outcome:
     assert ctx.target is not None
     new = list(role_units(ctx.deployment).values())
@@ -792,19 +244,6 @@ def stability_window_s(ctx: Context) -> float:
         return float(ctx.profile.health.stability_window_s)
     rules = load_catalog().router("sglang-router", ctx.deployment.router_version)
     return default_stability_window_s(rules.defaults)
-
-
-def engine_http(ctx: Context) -> Callable[..., Any]:
-    """``remote.http``, with ``Authorization: Bearer`` when the profile sets the engine's API key
-    (``secrets: DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models and the generation
-    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py). Sent to
-    the address each port listens on (a fleet's engines: the host's service address)."""
-    from orchestrator.remote.connection import listen_http
-    from orchestrator.render.secrets import SECRET_PREFIX
-
-    key = ctx.secrets.get(f"{SECRET_PREFIX}API_KEY")
-    return listen_http(ctx.remote.http, ctx.deployment,
-                       {"Authorization": f"Bearer {key}"} if key else None)
 
 
 def smoke_generate(ctx: Context, step: Any) -> Outcome:
@@ -919,4 +358,5 @@ ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
 }
 
 
-__all__ = ["ACTIONS", "Context", "Outcome", "RemoteError", "StepFailed", "reconcile"]
+__all__ = ["ACTIONS", "Context", "Outcome", "StepFailed", "kernels_source"]
+

@@ -39,7 +39,7 @@ def fleet_source(path: Path, inventory: Path | None, host_name: str | None
             return None  # load_plan reports what is wrong with it
         if kind != "fleet":
             return None
-        from orchestrator.apply.steps import profile_from_plan
+        from orchestrator.apply.context import profile_from_plan
         from orchestrator.planner.build import inventory_path_for, load_fleet_plan
         from orchestrator.profile import load_inventory
 

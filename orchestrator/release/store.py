@@ -96,7 +96,7 @@ class ReleaseStore:
         self.releases = f"{self.root}/releases"
         self._dirs: set[str] = set()
         # separates the files :meth:`read_files` prints; random, so no file content can forge a
-        # boundary, and fixed per store, so the command can be run ahead (steps.prefetch)
+        # boundary, and fixed per store, so the command can be run ahead (apply.prefetch)
         self.token = "@@dsv4-" + secrets.token_hex(8)
 
     def q(self, *parts: str) -> str:

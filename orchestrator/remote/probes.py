@@ -123,7 +123,7 @@ def parse_disks(stdout: str) -> list[DiskFact]:
     host (logs), so exact bytes would make plans of the same host differ from run to run. A GiB is
     far below what a checkpoint decision turns on (tens of GB), and rounding down never overstates
     the room. (It is left out of the facts' fingerprint: a boundary still gets crossed now and
-    then; apply compares it with what the plan needs, ``apply.steps.stale_reason``.)"""
+    then; apply compares it with what the plan needs, ``apply.preflight.stale_reason``.)"""
     out: list[DiskFact] = []
     path: str | None = None
     for line in stdout.splitlines():

@@ -44,7 +44,7 @@ def _plan() -> Any:
 
 def _check(plan: Any) -> None:
     from orchestrator.apply import check_rederived
-    from orchestrator.apply.steps import profile_from_plan
+    from orchestrator.apply.context import profile_from_plan
 
     ctx = load_context(default_profile(), None)
     check_rederived(plan, profile_from_plan(plan), ctx.host_name, ctx.host)

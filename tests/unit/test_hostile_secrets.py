@@ -170,7 +170,7 @@ def test_secret_file_under_pseudo_filesystems_is_refused(path: str) -> None:
 
 
 def test_link_to_proc_is_refused_at_apply_time(tmp_path: Path) -> None:
-    from orchestrator.apply.steps import resolve_secrets
+    from orchestrator.apply.context import resolve_secrets
 
     link = tmp_path / "token"
     link.symlink_to("/proc/self/environ")

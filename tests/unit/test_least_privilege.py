@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.apply.steps import Context, StepFailed, ensure_service_user
+from orchestrator.apply.context import Context, StepFailed
+from orchestrator.apply.preflight import ensure_service_user
 from orchestrator.catalog import load_catalog
 from orchestrator.errors import DsvError
 from orchestrator.paths import data_dir

@@ -202,8 +202,8 @@ def test_role_env_cannot_set_the_bf16_switch() -> None:
 @pytest.mark.parametrize("path", shipped_profiles(), ids=lambda p: p.stem)
 def test_apply_uploads_the_renderers_manifest(path: Path) -> None:
     """One writer of manifest.json: the tree apply uploads from a saved plan carries exactly the
-    manifest `dsv4ctl render` writes (apply.steps.tree_from_plan uses ReleaseTree.manifest)."""
-    from orchestrator.apply.steps import tree_from_plan
+    manifest `dsv4ctl render` writes (apply.context.tree_from_plan uses ReleaseTree.manifest)."""
+    from orchestrator.apply.context import tree_from_plan
     from orchestrator.planner.build import plan_from_paths
     from orchestrator.planner.fleet import load_fleet, plan_fleet
 

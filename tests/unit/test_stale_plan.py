@@ -6,7 +6,7 @@ to whole GiB still crosses a boundary now and then); apply compares it with what
 
 from __future__ import annotations
 
-from orchestrator.apply.steps import stale_reason
+from orchestrator.apply.preflight import stale_reason
 from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, declared_facts
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import load_context, plan_from_paths
