@@ -6,7 +6,8 @@ orchestrator is tested over real SSH against a real service manager. Each host i
 - a network namespace `dsv4s<slot>h<i>` on the bridge `dsv4br0` (10.213.0.1/24 on the root
   side), address `10.213.0.<16 + 16*slot + i>`; nothing leaves the machine;
 - a private mount namespace with `/run` a fresh tmpfs and, per host, bind mounts of host-side
-  directories on the private paths (default `/srv/dsv4`, `/opt/sglang-env`, `/models`,
+  directories on the private paths (default `/srv`, holding the install root `/srv/dsv4`,
+  `/opt/sglang-env`, `/models`,
   `/root/.config/systemd/user`, `/var/lib/prometheus/node-exporter`); missing mount points are
   created (empty) on the machine's own filesystem, everything else (e.g. `/tmp`, `/usr`) is shared;
 - its own cgroup (`<cgroup2 root>/dsv4-harness/s<slot>h<i>`) and cgroup namespace with cgroup2
@@ -71,8 +72,13 @@ STATE_DIR = Path("/run/dsv4-harness")
 MAX_SLOTS = 14
 MAX_HOSTS = 14
 ENGINE_ENV = "/opt/sglang-env"
+# /srv whole, not only the install root under it: tests change the install root's parent (a
+# world-writable /srv must be refused) and plant files beside it (/srv/victim); on the machine's
+# own /srv that reached every other host of every concurrent test run (an xdist worker's apply
+# was refused "/srv is writable by group or others" while another worker's test held it 0777).
+INSTALL_ROOT = "/srv/dsv4"
 DEFAULT_PRIVATE_PATHS = (
-    "/srv/dsv4",
+    "/srv",
     ENGINE_ENV,
     "/models",
     "/root/.config/systemd/user",
@@ -256,6 +262,10 @@ class FakeHost:
         for root in self.cluster.private_paths:
             src = self.path(root)
             src.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(HarnessError):  # a cluster whose private paths lack it
+            self.path(INSTALL_ROOT).mkdir(parents=True, exist_ok=True)
+        for root in self.cluster.private_paths:
+            src = self.path(root)
             Path(root).mkdir(parents=True, exist_ok=True)  # mount point on the shared fs
             binds.append(f"mkdir -p {shlex.quote(root)} && "
                          f"mount --bind {shlex.quote(str(src))} {shlex.quote(root)}")

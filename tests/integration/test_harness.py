@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client as httpclient
 import json
+import os
 import shlex
 import threading
 import time
@@ -179,6 +180,26 @@ def test_filesystems_are_private(hosts: list[FakeHost]) -> None:
         assert h1.exec("cat /proc/self/cgroup").stdout.strip().endswith("::/")
     finally:
         h1.exec("rm -f /srv/dsv4/marker ~/.config/systemd/user/marker")
+
+
+def test_install_roots_parent_is_private(hosts: list[FakeHost]) -> None:
+    """A test that makes /srv world-writable (test_hostile_fs: an unsafe parent must be refused)
+    or plants /srv/victim changes its own host only: on the machine's shared /srv it made a
+    concurrent xdist worker's apply fail ("dsv4ctl refuses /srv: it is writable by group or
+    others")."""
+    h1, h2 = hosts
+    machine = os.stat("/srv").st_mode & 0o7777
+    before = h2.exec("stat -c %a /srv", check=True).stdout.strip()
+    h1.exec("chmod 0777 /srv && touch /srv/planted", check=True, root=True)
+    try:
+        assert h1.exec("stat -c %a /srv", check=True).stdout.strip() == "777"
+        assert h2.exec("stat -c %a /srv", check=True).stdout.strip() == before
+        assert h2.exec("test -e /srv/planted").returncode == 1
+        assert os.stat("/srv").st_mode & 0o7777 == machine
+        assert not Path("/srv/planted").exists()
+        assert h1.exec("test -d /srv/dsv4").returncode == 0  # the install root is there
+    finally:
+        h1.exec("chmod 0755 /srv; rm -f /srv/planted", root=True)
 
 
 def test_reused_address_answers_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
