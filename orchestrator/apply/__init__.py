@@ -136,6 +136,21 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, out: Out, command: 
                 remote.close()
 
 
+def secrets_would_restart(plan: Plan, host: Host, remote: Any) -> bool:
+    """Whether applying ``plan`` would restart the running roles because a secret's value changed:
+    the question preflight's ``secrets_restarts`` answers under the lock, asked here before the
+    prompt (one round trip, only for a profile with secrets and a host with a release), because a
+    plan never carries values and so cannot show it."""
+    if not plan.deployment.secret_names or plan.current_release is None:
+        return False
+    from orchestrator.apply.context import profile_from_plan, resolve_secrets
+    from orchestrator.apply.preflight import secrets_rotate, wanted_secrets_digest
+    from orchestrator.release.store import ReleaseStore
+
+    wanted = wanted_secrets_digest(resolve_secrets(profile_from_plan(plan)))
+    return secrets_rotate(ReleaseStore(remote, host.install_root), plan.deployment.name, wanted)
+
+
 def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> None:
     """A saved plan is input from a file, not a trusted value (issue 19): re-derive its deployment
     (unit names, ports, paths) and its release files from its own ``profile.yaml`` and the

@@ -43,6 +43,7 @@ from orchestrator.release.record import (
 from orchestrator.release.store import (
     MANIFEST,
     PLAN,
+    ReleaseStore,
     secrets_body,
 )
 from orchestrator.remote.lock import HostLock
@@ -192,8 +193,7 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
                         fix=f"re-plan: dsv4ctl plan --host {ctx.host_name} --live")
     # values are not in the plan (only names are): a rotated secret is found here, by comparing
     # with the active file, and restarts what reads it
-    wanted = hashlib.sha256(secrets_body(ctx.secrets)).hexdigest() if ctx.secrets else None
-    rotated = secrets_restarts(ctx, wanted)
+    rotated = secrets_restarts(ctx, wanted_secrets_digest(ctx.secrets))
     ctx.actions = ctx.actions + rotated
     cur_rec = next((r for r in ctx.records if r.id == current), None)
     current_healthy = cur_rec is not None and cur_rec.status == "healthy"
@@ -356,6 +356,17 @@ def unhealthy_running_roles(ctx: Context) -> dict[str, str]:
     return bad
 
 
+def wanted_secrets_digest(values: dict[str, str]) -> str | None:
+    """sha256 of the secrets file a release with these values brings (None: no file), the
+    digest the host's own ``sha256sum`` of that file gives."""
+    return hashlib.sha256(secrets_body(values)).hexdigest() if values else None
+
+
+def secrets_rotate(store: ReleaseStore, name: str, wanted: str | None) -> bool:
+    """Whether the active secrets file differs from the one a release brings (``wanted``)."""
+    return store.secrets_digest(name) != wanted
+
+
 def secrets_restarts(ctx: Context, wanted: str | None) -> list[Action]:
     """Restarts for the running roles of the target that the transition leaves alone, when the
     secrets the target brings (``wanted``: the sha256 of its secrets file, None for none) differ
@@ -364,7 +375,7 @@ def secrets_restarts(ctx: Context, wanted: str | None) -> list[Action]:
     the switch (or a router presents an old key to a new engine). Compared by digest on the
     host's side: no value leaves the file for this."""
     assert ctx.deployment is not None
-    if ctx.store.secrets_digest(ctx.deployment.name) == wanted:
+    if not secrets_rotate(ctx.store, ctx.deployment.name, wanted):
         return []
     affected = ctx.roles_to_restart
     units = role_units(ctx.deployment)

@@ -103,9 +103,15 @@ def _confirm(what: str, question: str) -> None:
                        fix="answer y, or pass --yes in scripts")
 
 
-def _confirm_apply(plan: Any, name: str, yes: bool) -> None:
-    if plan.actions and not yes:
+def _confirm_apply(plan: Any, name: str, yes: bool, *, secrets_rotate: bool = False) -> None:
+    """Ask before changing a host. ``secrets_rotate``: a secret's value differs from the host's
+    active one, which no plan can show (values never enter it): every running role restarts."""
+    if (plan.actions or secrets_rotate) and not yes:
         restarts = f"; restarts {', '.join(plan.restarts)} (model reload)" if plan.restarts else ""
+        if secrets_rotate:
+            echo("Secrets: a value differs from the one the host's running roles read (values "
+                 "not shown); every running role restarts at the switch (model reload).")
+            restarts += "; restarts every running role for the changed secrets"
         _confirm("apply", f"Apply {plan.profile_name} to host '{name}'{restarts}?")
 
 
@@ -186,7 +192,12 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
             if plan.errors:
                 raise DsvError("the plan has errors; nothing was applied",
                                fix="fix the profile; `dsv4ctl plan` shows the checks")
-            _confirm_apply(plan, name, yes)
+            rotate = False
+            if not yes:
+                from orchestrator.apply import secrets_would_restart
+
+                rotate = secrets_would_restart(plan, host, remote)
+            _confirm_apply(plan, name, yes, secrets_rotate=rotate)
         except BaseException:
             remote.close()
             raise

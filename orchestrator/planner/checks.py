@@ -254,6 +254,25 @@ def host_key_checks(host_name: str, host: Host) -> list[Check]:
         subject=host_name)]
 
 
+def secrets_checks(dep: Deployment) -> list[Check]:
+    """A plan carries the names of the profile's secrets, never their values (nor a digest of them:
+    a hash of a short key can be searched offline), so it cannot show a rotated value. apply
+    compares the values with the host's active secrets (digests computed on the host) and, when
+    they differ, restarts every running role at the switch. Say so here, where the review happens,
+    rather than let "No changes." stand for it."""
+    if not dep.secret_names:
+        return []
+    return [check(
+        "secrets.values-not-planned", "info", "secret values are not part of the plan",
+        f"this plan names the secrets {', '.join(dep.secret_names)} but not their values, so a "
+        "changed value does not show here; apply compares them with the host's active secrets "
+        "(by digest, on the host) and, when they differ, restarts every running role at the "
+        "switch and says so before it changes anything",
+        "to review a rotation, run `dsv4ctl apply PROFILE` without --yes: it lists the restarts "
+        "before asking",
+        subject="secrets")]
+
+
 def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]]) -> list[Check]:
     """Mark acknowledged warnings; an acknowledgement of an error or of nothing is itself reported."""
     ack = dict(acks)

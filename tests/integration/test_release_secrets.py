@@ -214,3 +214,27 @@ def test_rotated_key_alone_restarts_every_role(env: Env, monkeypatch: pytest.Mon
     assert r2 != r1 and NEW in (active(env) or "")
     assert running_keys(env) == dict.fromkeys(UNITS, NEW) and env.serves(api_key=NEW)
     assert sorted(env.record(r2)["restarted_roles"]) == ["decode", "prefill", "router"]
+
+
+def test_a_rotation_the_plan_cannot_show_is_asked_about_before_apply_changes_anything(
+        env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a value changes: the plan has no actions (values never enter it), so `apply PROFILE`
+    used to go ahead without asking and restart every role (a model reload). It now reads the
+    host's active digest before the prompt, says every running role restarts, and asks; with
+    stdin not a terminal that refusal changes nothing. The plan itself says it cannot see values."""
+    from orchestrator.cli import main
+
+    r1 = first(env, monkeypatch)
+    monkeypatch.setenv("ITEST_API", NEW)
+    plan = env.plan(profile())
+    assert not plan.actions
+    assert "secrets.values-not-planned" in [c.id for c in plan.checks]
+    capsys.readouterr()
+    rc = main(["apply", str(env.profile_file(profile())), "-i", str(env.inventory_path)])
+    shown = capsys.readouterr()
+    said = " ".join((shown.out + shown.err).split())
+    assert rc == ExitCode.ERROR, said
+    assert "every running role restarts at the switch" in said and "needs confirmation" in said
+    assert NEW not in shown.out + shown.err and OLD not in shown.out + shown.err
+    assert env.current() == r1 and OLD in (active(env) or "")
+    assert running_keys(env) == dict.fromkeys(UNITS, OLD) and env.lock_free()
