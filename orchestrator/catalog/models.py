@@ -4,6 +4,10 @@ Owns the *shape* of ``orchestrator/catalog/data/*.yaml``: every model forbids un
 typo in the data fails loudly at load time, and every number is wrapped in a :class:`Fact` that
 carries its ``source`` and ``confidence`` (the planner quotes them in checks). Only pydantic and
 the standard library are imported here: this module is on the ``dsv4ctl plan`` path.
+
+Past 400 lines on purpose: one model per catalog file section, each field with its unit, range and
+source rule beside it; they validate each other (a variant names a quant format, a rule names a
+variant), and split across files the cross-references would need a second import graph.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Thin adapters over :mod:`orchestrator.apply`: find the host (inventory), call th
 result. Failures come back as results and are mapped to the documented exit codes by raising the
 typed errors the CLI boundary (:func:`orchestrator.cli.main`) knows. fabric is imported only inside
 the command bodies.
+
+Just past 400 lines: the five host commands share host resolution, confirmation and result printing;
+the fleet commands already live in :mod:`.fleet_cmd`.
 """
 
 from __future__ import annotations
