@@ -5,9 +5,8 @@ typo in the data fails loudly at load time, and every number is wrapped in a :cl
 carries its ``source`` and ``confidence`` (the planner quotes them in checks). Only pydantic and
 the standard library are imported here: this module is on the ``dsv4ctl plan`` path.
 
-Past 400 lines on purpose: one model per catalog file section, each field with its unit, range and
-source rule beside it; they validate each other (a variant names a quant format, a rule names a
-variant), and split across files the cross-references would need a second import graph.
+Past 400 lines on purpose: it is the schema of the catalog's data files, one model per section with
+each field's unit, range and source rule beside it, read as one document beside the YAML it checks.
 """
 
 from __future__ import annotations
