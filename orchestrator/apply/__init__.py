@@ -494,11 +494,15 @@ def _authed_http(remote: Any, store: Any, dep: Any) -> Any:
     (SGLang answers 401 on /v1/models and /server_info without it); the key is read from the
     host's secrets file, the controller need not have it."""
     from orchestrator.remote.connection import listen_http
-    from orchestrator.render.secrets import SECRET_PREFIX
+    from orchestrator.render.secrets import api_key_names
 
-    name = f"{SECRET_PREFIX}API_KEY"
-    key = store.read_secret(dep.name, name) if name in dep.secret_names else None
-    return listen_http(remote.http, dep, {"Authorization": f"Bearer {key}"} if key else None)
+    eng, rt = api_key_names(dep)
+
+    def bearer(name: str | None) -> dict[str, str] | None:
+        value = store.read_secret(dep.name, name) if name else None
+        return {"Authorization": f"Bearer {value}"} if value else None
+
+    return listen_http(remote.http, dep, bearer(eng), router_headers=bearer(rt))
 
 
 def _unit_file(scope: str, unit: str) -> str:

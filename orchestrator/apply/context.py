@@ -245,11 +245,16 @@ def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
 def engine_http(ctx: Context) -> Callable[..., Any]:
     """``remote.http``, with ``Authorization: Bearer`` when the profile sets the engine's API key
     (``secrets: DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models and the generation
-    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py). Sent to
-    the address each port listens on (a fleet's engines: the host's service address)."""
+    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py); the
+    router's port gets the router's key (its own, else the engines'). Sent to the address each
+    port listens on (a fleet's engines: the host's service address)."""
     from orchestrator.remote.connection import listen_http
-    from orchestrator.render.secrets import SECRET_PREFIX
+    from orchestrator.render.secrets import api_key_names
 
-    key = ctx.secrets.get(f"{SECRET_PREFIX}API_KEY")
-    return listen_http(ctx.remote.http, ctx.deployment,
-                       {"Authorization": f"Bearer {key}"} if key else None)
+    eng, rt = api_key_names(ctx.deployment)
+
+    def bearer(name: str | None) -> dict[str, str] | None:
+        value = ctx.secrets.get(name) if name else None
+        return {"Authorization": f"Bearer {value}"} if value else None
+
+    return listen_http(ctx.remote.http, ctx.deployment, bearer(eng), router_headers=bearer(rt))

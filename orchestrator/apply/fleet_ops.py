@@ -108,16 +108,13 @@ class FleetOps:
         routes without it): the router's own secret, else the engines' key it is given, read from
         the router host's 0600 secrets file over SSH (never printed)."""
         from orchestrator.release.store import ReleaseStore
-        from orchestrator.render.secrets import SECRET_PREFIX
+        from orchestrator.render.secrets import api_key_names
 
         dep = plan.deployment
-        store = ReleaseStore(remote, self.hosts[plan.host].install_root)
-        for name in (f"{SECRET_PREFIX}ROUTER_API_KEY", f"{SECRET_PREFIX}API_KEY"):
-            if name in dep.secret_names:
-                key = store.read_secret(dep.name, name)
-                if key:
-                    return key
-        return None
+        _, name = api_key_names(dep)
+        if name is None:
+            return None
+        return ReleaseStore(remote, self.hosts[plan.host].install_root).read_secret(dep.name, name)
 
     def _workers(self, host: str) -> list[tuple[str, str, int | None, Any]]:
         """(url, worker type, bootstrap port, role) of every engine of ``host``."""

@@ -396,7 +396,8 @@ class Profile(_Strict):
         description="Secrets for the engine env (e.g. HF_TOKEN), written to a 0600 env file. "
         "DSV4_SECRET_<FLAG> names set the engine's secret flags (DSV4_SECRET_API_KEY -> "
         "--api-key, DSV4_SECRET_ADMIN_API_KEY, DSV4_SECRET_SSL_KEYFILE_PASSWORD; the router's: "
-        "DSV4_SECRET_ROUTER_API_KEY, default the engines' key), which extra_args refuses. Names "
+        "DSV4_SECRET_ROUTER_API_KEY, default the engines' key; not with DSV4_SECRET_API_KEY: "
+        "sglang-router 0.3.2 has one key for clients and engines), which extra_args refuses. Names "
         "dsv4ctl renders (CUDA_VISIBLE_DEVICES, kernel switches, a role's env) or the loader reads "
         "(PATH, LD_*, PYTHON*) are refused.",
     )

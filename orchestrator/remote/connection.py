@@ -604,19 +604,24 @@ class RemoteHost:
 
 
 
-def listen_http(http: Callable[..., Any], dep: Any,
-                headers: dict[str, str] | None = None) -> Callable[..., Any]:
+def listen_http(http: Callable[..., Any], dep: Any, headers: dict[str, str] | None = None, *,
+                router_headers: dict[str, str] | None = None) -> Callable[..., Any]:
     """``http(method, port, path, ...)`` (:meth:`RemoteHost.http`) sent to the address each port
     of deployment ``dep`` listens on: loopback, or the host's service address for a fleet's
     engines that a router or PD peer on another host reaches (RoleDeployment.listen, issue 23) —
-    the SSH tunnel must open to that address, 127.0.0.1 is refused there."""
+    the SSH tunnel must open to that address, 127.0.0.1 is refused there. ``router_headers``
+    (default ``headers``) go to the router's port: a router with a key of its own wants that one."""
     where = {r.port: r.listen for r in dep.roles}
-    if dep.router is not None and dep.router.host not in ("0.0.0.0", "::"):
-        where[dep.router.port] = dep.router.host
+    router_port = None
+    if dep.router is not None:
+        router_port = dep.router.port
+        if dep.router.host not in ("0.0.0.0", "::"):
+            where[dep.router.port] = dep.router.host
 
     def call(method: str, port: int, path: str, **kw: Any) -> Any:
-        if headers:
-            kw["headers"] = {**headers, **(kw.get("headers") or {})}
+        extra = router_headers if port == router_port and router_headers is not None else headers
+        if extra:
+            kw["headers"] = {**extra, **(kw.get("headers") or {})}
         return http(method, port, path, address=where.get(port, "127.0.0.1"), **kw)
 
     return call

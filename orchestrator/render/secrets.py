@@ -126,6 +126,17 @@ def check_secret_names(dep: Deployment, rendered_env: Iterable[str]) -> None:
                 "silently override it",
                 fix=f"rename the secret, or set the value through the profile field that "
                     f"renders {name}")
+        if name == f"{SECRET_PREFIX}ROUTER_API_KEY" and f"{SECRET_PREFIX}API_KEY" in dep.secret_names:
+            # sglang-router 0.3.2 has one key: the engines behind a router with a key of its own
+            # receive that key, not theirs, and refuse every forwarded request (seen with the real
+            # router: tests/integration/test_release_secrets.py::test_router_key_alone_guards_the_router)
+            raise RenderError(
+                f"secrets.{name}: set together with {SECRET_PREFIX}API_KEY; sglang-router "
+                f"{dep.router_version} sends its one key to the engines it routes to, so engines "
+                "holding another key would refuse every request it forwards",
+                fix=f"drop {name}: with {SECRET_PREFIX}API_KEY alone the router takes the engines' "
+                    f"key, for its clients and the engines alike; keep {name} alone only for "
+                    "engines without a key of their own")
         if name.startswith(SECRET_PREFIX) and name not in known:
             raise RenderError(
                 f"secrets.{name}: no secret flag of {dep.engine_name} {dep.engine_version}"
@@ -150,6 +161,16 @@ def strip_secret_args(dep: Deployment, words: list[str]) -> list[str]:
             continue
         out.append(w)
     return out
+
+
+def api_key_names(dep: Deployment) -> tuple[str | None, str | None]:
+    """(the engines' key, the router's key): the ``secrets:`` names whose values a client sends as
+    its bearer token to an engine and to the router, None where none is set. The router's is its
+    own (``DSV4_SECRET_ROUTER_API_KEY``) or, without one, the engines' (:func:`secret_args`
+    renders it so). Health checks, ``status`` and the fleet's worker-API calls all ask here."""
+    engine_key, router_key = f"{SECRET_PREFIX}API_KEY", f"{SECRET_PREFIX}ROUTER_API_KEY"
+    eng = engine_key if engine_key in dep.secret_names else None
+    return eng, router_key if router_key in dep.secret_names else eng
 
 
 def secret_args(dep: Deployment, engine: str) -> list[tuple[str, str]]:

@@ -238,3 +238,23 @@ def test_a_rotation_the_plan_cannot_show_is_asked_about_before_apply_changes_any
     assert NEW not in shown.out + shown.err and OLD not in shown.out + shown.err
     assert env.current() == r1 and OLD in (active(env) or "")
     assert running_keys(env) == dict.fromkeys(UNITS, OLD) and env.lock_free()
+
+
+def test_router_key_alone_guards_the_router(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """DSV4_SECRET_ROUTER_API_KEY alone: the router demands it, the engines (on loopback) have
+    none. The health checks sent the engines' key (none) to the router too, so /workers answered
+    401 and a correct profile was rolled back; they now send each port its own key, and status
+    reads the router with it."""
+    from orchestrator.cli import main
+
+    router_key = "sk-router-7d41c9e0b2a35f86"
+    monkeypatch.setenv("ITEST_ROUTER", router_key)
+    d = base.profile_dict(secrets={"DSV4_SECRET_ROUTER_API_KEY": {"env": "ITEST_ROUTER"}})
+    capsys.readouterr()
+    assert env.apply(load_text(Profile, yaml.safe_dump(d), "profile.yaml"), name="rk.json") == 0
+    assert env.generate_status(router_key) == 200
+    assert env.generate_status(None) == 401 and env.generate_status("sk-wrong") == 401
+    assert main(["status", "--host", "h", "-i", str(env.inventory_path)]) == 0
+    shown = capsys.readouterr()
+    assert router_key not in shown.out + shown.err

@@ -99,13 +99,19 @@ def test_plan_and_render_refuse_it_without_printing_it(tmp_path: Path,
 def test_secret_flags_come_from_the_secrets_file() -> None:
     name = secret_env_name("sglang", load_flag_table("sglang", "0.5.23").spec("--api-key"))
     assert name == "DSV4_SECRET_API_KEY"
-    profile = _profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X_KEY"},
-                                "DSV4_SECRET_ROUTER_API_KEY": {"env": "X_KEY"}})
-    files = _render(profile).files
+    files = _render(_profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X_KEY"}})).files
     launch = files["bin/launch-decode.sh"].content
     assert "--api-key DSV4_SECRET_API_KEY" in launch and "sglang.cli.main main 1" in launch
-    router = files["bin/launch-router.sh"].content
-    assert "--api-key DSV4_SECRET_ROUTER_API_KEY" in router
+    # a router key alone guards the router; the engines run without one
+    own = _render(_profile(secrets={"DSV4_SECRET_ROUTER_API_KEY": {"env": "X_KEY"}})).files
+    assert "--api-key DSV4_SECRET_ROUTER_API_KEY" in own["bin/launch-router.sh"].content
+    assert "--api-key" not in own["bin/launch-decode.sh"].content
+    # both: the router would hand its key to engines that hold another (sglang-router 0.3.2)
+    with pytest.raises(RenderError) as exc:
+        _render(_profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X_KEY"},
+                                  "DSV4_SECRET_ROUTER_API_KEY": {"env": "X_KEY"}}))
+    assert exc.value.message.startswith("secrets.DSV4_SECRET_ROUTER_API_KEY: set together with")
+    assert "drop DSV4_SECRET_ROUTER_API_KEY" in (exc.value.fix or "")
     assert "EnvironmentFile=-/srv/dsv4/secrets/default.env" in \
         files["units/dsv4-default-router.service"].content.splitlines()
     # without a router key of its own, the router presents the engines' key to them
