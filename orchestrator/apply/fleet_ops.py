@@ -272,18 +272,26 @@ def apply_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, out:
                 command: str, saved: bool) -> tuple[Any, str]:
     """Roll ``fleet`` out (:func:`~orchestrator.apply.rollout.run_rollout`) under the fleet
     lock; returns the result and where its journal was written."""
-    from orchestrator.apply.rollout import run_rollout
 
     ops = FleetOps(fleet, hosts, out=out, command=command, saved=saved)
+    return drive(ops, list(fleet.hosts), strategy, router_host=fleet.router_only_host, out=out)
+
+
+def drive(ops: FleetOps, engines: list[str], strategy: Any, *, router_host: str | None,
+          out: Out) -> tuple[Any, str]:
+    """One fleet run, a rollout or a rollback (``ops`` decides what a host's move is): take the
+    fleet lock, ask the router, run the waves, write the fleet's journal, close every
+    connection. Returns the result and where the journal went."""
+    from orchestrator.apply.rollout import run_rollout
+
     started = time.time()
     try:
         ops.lock_fleet()
         ops.check_router()
-        result = run_rollout(list(fleet.hosts), ops, strategy,
-                             router_host=fleet.router_only_host, out=out)
+        result = run_rollout(engines, ops, strategy, router_host=router_host, out=out)
         try:
             where = ops.write_journal(result, started)
-        except DsvError as exc:  # the rollout's outcome stands; say the journal is missing
+        except DsvError as exc:  # the run's outcome stands; say the journal is missing
             where = f"not written ({exc.message})"
         return result, where
     finally:

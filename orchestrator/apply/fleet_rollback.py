@@ -19,10 +19,9 @@ it stopped, beside the rollouts' journals.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from orchestrator.apply.fleet_ops import FleetOps, Out
+from orchestrator.apply.fleet_ops import FleetOps, Out, drive
 from orchestrator.errors import DsvError
 from orchestrator.planner_model import FleetPlan
 from orchestrator.profile.inventory import Host
@@ -85,7 +84,6 @@ def rollback_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, o
     """Every host of ``fleet`` (or ``only`` that one) back to its previous release (or
     ``release``, with ``only``), wave by wave behind the router under the fleet lock; returns
     the result and where its journal was written."""
-    from orchestrator.apply.rollout import run_rollout
 
     names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
     if only is not None and only not in names:
@@ -101,15 +99,4 @@ def rollback_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, o
     engines = [h for h in fleet.hosts if only is None or h == only]
     router = fleet.router_only_host if only in (None, fleet.router_only_host) else None
     ops = RollbackOps(fleet, hosts, out=out, command=command, release=release)
-    started = time.time()
-    try:
-        ops.lock_fleet()
-        ops.check_router()
-        result = run_rollout(engines, ops, strategy, router_host=router, out=out)
-        try:
-            where = ops.write_journal(result, started)
-        except DsvError as exc:  # the rollback's outcome stands; say the journal is missing
-            where = f"not written ({exc.message})"
-        return result, where
-    finally:
-        ops.close()
+    return drive(ops, engines, strategy, router_host=router, out=out)

@@ -76,7 +76,6 @@ def apply_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, saved: bool, *,
                  yes: bool) -> int:
     """A fleet's rolling/canary apply (issue 23): orchestrator.apply.rollout over every host."""
     from orchestrator.apply.fleet_ops import apply_fleet as roll_out
-    from orchestrator.apply.rollout import RolloutStopped
 
     if fleet.errors:
         raise DsvError(f"the fleet plan has errors ({', '.join(fleet.failed_hosts) or 'fleet'}); "
@@ -91,18 +90,26 @@ def apply_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, saved: bool, *,
           f"max_unavailable {s.max_unavailable}, max_failures {s.max_failures})")
     result, where = roll_out(fleet, hosts, strategy, out=_echo, command=_command_line(),
                                 saved=saved)
+    moved = _finish(result, where, f"rollout of {fleet.profile_name}",
+                    "hosts not reached still serve their previous release")
+    _echo(f"Rollout complete: {moved} host(s) moved, "
+          f"{sum(o.state == 'unchanged' for o in result.outcomes.values())} unchanged.")
+    return 0
+
+
+def _finish(result: Any, where: str, what: str, not_reached: str) -> int:
+    """Print a fleet run's outcomes and where its journal is; raise the stop (its exit code) or
+    return how many hosts moved."""
+    from orchestrator.apply.rollout import RolloutStopped
+
     _echo("")
     _outcomes(result)
     _echo(f"The fleet's journal is {where}.")
     if result.exit_code:
-        raise RolloutStopped(f"rollout of {fleet.profile_name} stopped: {result.reason}",
-                             exit_code=result.exit_code,
-                             fix="see each host's journal (dsv4ctl history --host NAME); hosts "
-                                 "not reached still serve their previous release")
-    _echo(f"Rollout complete: {sum(o.state == 'moved' for o in result.outcomes.values())} "
-          f"host(s) moved, {sum(o.state == 'unchanged' for o in result.outcomes.values())} "
-          "unchanged.")
-    return 0
+        raise RolloutStopped(f"{what} stopped: {result.reason}", exit_code=result.exit_code,
+                             fix=f"see each host's journal (dsv4ctl history --host NAME); "
+                                 f"{not_reached}")
+    return sum(o.state == "moved" for o in result.outcomes.values())
 
 
 def rollback_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, *, only: str | None,
@@ -110,7 +117,6 @@ def rollback_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, *, only: str
     """`rollback -p FLEET-PROFILE [--host NAME] [RELEASE]`: the fleet (or one host) back to its
     previous release, wave by wave behind the router (orchestrator.apply.fleet_rollback)."""
     from orchestrator.apply.fleet_rollback import rollback_fleet as roll_back
-    from orchestrator.apply.rollout import RolloutStopped
 
     names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
     which = f"host '{only}'" if only else f"{len(names)} hosts ({', '.join(names)})"
@@ -121,16 +127,9 @@ def rollback_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, *, only: str
     _echo(f"Rolling {fleet.profile_name} back on {which} to {target}")
     result, where = roll_back(fleet, hosts, strategy_of(profile), out=_echo,
                               command=_command_line(), only=only, release=release)
-    _echo("")
-    _outcomes(result)
-    _echo(f"The fleet's journal is {where}.")
-    if result.exit_code:
-        raise RolloutStopped(f"rollback of {fleet.profile_name} stopped: {result.reason}",
-                             exit_code=result.exit_code,
-                             fix="see each host's journal (dsv4ctl history --host NAME); hosts "
-                                 "not reached still serve the release they served")
-    _echo(f"Rollback complete: {sum(o.state == 'moved' for o in result.outcomes.values())} "
-          "host(s) back on their previous release.")
+    moved = _finish(result, where, f"rollback of {fleet.profile_name}",
+                    "hosts not reached still serve the release they served")
+    _echo(f"Rollback complete: {moved} host(s) back on their previous release.")
     return 0
 
 

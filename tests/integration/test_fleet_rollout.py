@@ -63,6 +63,8 @@ def profile(**serving: Any) -> dict[str, Any]:
 
 
 class Fleet:
+    key: str | None = None  # the router's API key, sent by chat() and workers()
+
     def __init__(self, hosts: list[FakeHost], tmp: Path) -> None:
         self.fakes = dict(zip([*ENGINES, "router-1"], hosts, strict=True))
         self.tmp = tmp
@@ -105,15 +107,24 @@ class Fleet:
         simulators from recording their starts in the engine env)."""
         return _host_pids(self.fakes["router-1"], ("sglang::router",))  # its setproctitle
 
+    def _auth(self, key: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def workers(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.router_url + "/workers", timeout=10) as r:
+        req = urllib.request.Request(self.router_url + "/workers", headers=self._auth(self.key))
+        with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())["workers"]
 
     def chat(self) -> int:
+        """One chat completion through the router, with the fleet's key (if it has one)."""
+        return self.chat_as(self.key)
+
+    def chat_as(self, key: str | None) -> int:
         body = json.dumps({"model": "deepseek-v4-flash", "max_tokens": 8,
                            "messages": [{"role": "user", "content": "What is 6 * 7?"}]}).encode()
         req = urllib.request.Request(self.router_url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **self._auth(key)})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status
@@ -153,16 +164,21 @@ class Load:
             t.join(timeout=60)
 
 
+def engine_hosts(hosts: list[FakeHost]) -> None:
+    """The three engine hosts get the checkpoint's index and a simulator whose every request
+    spends 0.3 s in the engine: a drain has something to wait for."""
+    for h in hosts[:3]:
+        h.exec(f"mkdir -p {MODEL} && printf '%s' '{{\"metadata\": {{\"total_size\": "
+               f"158000000000}}, \"weight_map\": {{}}}}' > {MODEL}/model.safetensors.index.json",
+               check=True)
+        h.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}})
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("fleet")
     with HostCluster(n=4, workdir=tmp / "hosts") as hosts:
-        for h in hosts[:3]:
-            h.exec(f"mkdir -p {MODEL} && printf '%s' '{{\"metadata\": {{\"total_size\": "
-                   f"158000000000}}, \"weight_map\": {{}}}}' > {MODEL}/model.safetensors.index.json",
-                   check=True)
-            # every request spends 0.3 s in the engine: a drain has something to wait for
-            h.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}})
+        engine_hosts(hosts)
         yield Fleet(hosts, tmp)
 
 

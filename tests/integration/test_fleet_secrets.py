@@ -9,45 +9,27 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.harness import HostCluster
-from tests.integration.test_fleet_rollout import ENGINES, MODEL, ROOT, Fleet, Load, profile
+from tests.integration.test_fleet_rollout import (
+    ENGINES,
+    ROOT,
+    Fleet,
+    Load,
+    engine_hosts,
+    profile,
+)
 
 pytestmark = pytest.mark.integration
 KEY = "sk-fleet-3b9e51c07d2a64f8"
 
 
 class KeyedFleet(Fleet):
-    def chat(self) -> int:
-        return self.chat_with(KEY)
-
-    def chat_with(self, key: str | None) -> int:
-        body = json.dumps({"model": "deepseek-v4-flash", "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "What is 6 * 7?"}]}).encode()
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        req = urllib.request.Request(self.router_url + "/v1/chat/completions", data=body,
-                                     headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return 599
-
-    def workers(self) -> list[dict[str, Any]]:
-        req = urllib.request.Request(self.router_url + "/workers",
-                                     headers={"Authorization": f"Bearer {KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())["workers"]
+    key = KEY
 
 
 def keyed(**serving: Any) -> dict[str, Any]:
@@ -58,11 +40,7 @@ def keyed(**serving: Any) -> dict[str, Any]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedFleet]:
     tmp = tmp_path_factory.mktemp("fleet-keyed")
     with HostCluster(n=4, workdir=tmp / "hosts") as hosts:
-        for h in hosts[:3]:
-            h.exec(f"mkdir -p {MODEL} && printf '%s' '{{\"metadata\": {{\"total_size\": "
-                   f"158000000000}}, \"weight_map\": {{}}}}' > {MODEL}/model.safetensors.index.json",
-                   check=True)
-            h.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}})
+        engine_hosts(hosts)
         yield KeyedFleet(hosts, tmp)
 
 
@@ -71,8 +49,8 @@ def test_keyed_fleet_rolls_out_under_load_and_never_shows_the_key(
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ITEST_FLEET_KEY", KEY)
     assert fleet.apply(keyed()) == 0
-    assert fleet.chat_with(KEY) == 200
-    assert fleet.chat_with(None) == 401 and fleet.chat_with("sk-wrong") == 401
+    assert fleet.chat_as(KEY) == 200
+    assert fleet.chat_as(None) == 401 and fleet.chat_as("sk-wrong") == 401
     assert len(fleet.workers()) == 3
     before = {h: fleet.current(h) for h in ENGINES}
     with Load(fleet) as load:
