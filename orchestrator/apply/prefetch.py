@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-from orchestrator.errors import RemoteError
+from orchestrator.remote.connection import checked
 from orchestrator.remote.probes import CommandResult, batch_command, parse_batch
 
 
@@ -37,12 +37,7 @@ class Prefetched:
         return res if res is not None else self._shell.run(command, timeout=timeout)
 
     def check(self, command: str, *, timeout: float | None = None, what: str = "") -> str:
-        res = self.run(command, timeout=timeout)
-        if not res.ok:  # as RemoteHost.check says it
-            detail = (res.stderr or res.stdout).strip()[-500:]
-            raise RemoteError(f"{what or 'command'} failed on host '{self._shell.name}' "
-                              f"(exit {res.rc}): {detail}")
-        return res.stdout
+        return checked(self.run(command, timeout=timeout), self._shell.name, what)
 
     def __getattr__(self, name: str) -> Any:  # name, put_bytes, http, ...: the real shell's
         return getattr(self._shell, name)

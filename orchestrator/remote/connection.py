@@ -395,12 +395,7 @@ class RemoteHost:
 
     def check(self, command: str, *, timeout: float | None = None, what: str = "") -> str:
         """Run ``command``; raise :class:`RemoteError` naming ``what`` unless it exits 0."""
-        res = self.run(command, timeout=timeout)
-        if not res.ok:
-            detail = (res.stderr or res.stdout).strip()[-500:]
-            raise RemoteError(f"{what or 'command'} failed on host '{self.name}' "
-                              f"(exit {res.rc}): {detail}")
-        return res.stdout
+        return checked(self.run(command, timeout=timeout), self.name, what)
 
     def _sftp(self) -> paramiko.SFTPClient:
         if self._sftp_client is None or self._sftp_client.sock.closed:
@@ -602,6 +597,15 @@ class RemoteHost:
             server.close()
             t.join(timeout=2)
 
+
+
+def checked(res: CommandResult, host: str, what: str = "") -> str:
+    """``res``'s stdout, or :class:`RemoteError` naming ``what`` and the host when it failed:
+    how every ``check`` (a live shell's, or one answering from results run ahead) says it."""
+    if not res.ok:
+        detail = (res.stderr or res.stdout).strip()[-500:]
+        raise RemoteError(f"{what or 'command'} failed on host '{host}' (exit {res.rc}): {detail}")
+    return res.stdout
 
 
 def listen_http(http: Callable[..., Any], dep: Any, headers: dict[str, str] | None = None, *,
