@@ -202,7 +202,7 @@ def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:
 def rollback(host_name: str, host: Host, target: str | None, *, out: Out, command: str) -> Any:
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
-    from orchestrator.release.ids import is_release_id
+    from orchestrator.release_ids import is_release_id
 
     remote = _connect(host_name, host)
     ctx: Any = None

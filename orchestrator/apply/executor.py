@@ -273,8 +273,8 @@ class Runner:
         :meth:`switch` or :meth:`cancel`. A Result: finished with nothing serving changed (no
         changes, or a prepare step failed and is journaled); the lock is released. A failing
         preflight raises its error, as before the release exists."""
-        from orchestrator.release.ids import new_release_id
         from orchestrator.release.record import plan_id
+        from orchestrator.release_ids import new_release_id
 
         assert ctx.plan is not None and ctx.profile is not None
         pb = load_playbook("apply", set(ACTIONS))

@@ -39,9 +39,9 @@ class RollbackOps(FleetOps):
         self.targets: dict[str, str] = {}
 
     def prepare(self, host: str) -> bool:
-        from orchestrator.release.ids import is_release_id
         from orchestrator.release.record import rollback_target
         from orchestrator.release.store import ReleaseStore
+        from orchestrator.release_ids import is_release_id
 
         store = ReleaseStore(self.remote(host), self.hosts[host].install_root)
         records, current = store.read_records(), store.current()

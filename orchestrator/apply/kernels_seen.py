@@ -16,7 +16,7 @@ import shlex
 from typing import Any
 
 from orchestrator.errors import DsvError
-from orchestrator.release.ids import is_release_id
+from orchestrator.release_ids import is_release_id
 
 # The line dsv4_kernels.sglang_hook logs when it activates in an engine process
 # (sglang_hook.ACTIVE_LOG; spelled twice because the core may not import the kernels package,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.release.ids import sort_ids
+from orchestrator.release_ids import sort_ids
 
 
 def select_prunable(ids: Iterable[str], *, keep: int, current: str | None,

@@ -148,7 +148,7 @@ def last_healthy(records: Iterable[ReleaseRecord], *, exclude: Iterable[str] = (
                  before: str | None = None) -> str | None:
     """The newest release that passed its health checks (by sequence), excluding ``exclude``
     and, with ``before``, only releases older than that one."""
-    from orchestrator.release.ids import sequence
+    from orchestrator.release_ids import sequence
 
     skip = set(exclude)
     limit = sequence(before) if before else None

@@ -23,9 +23,9 @@ from pydantic import ValidationError
 
 from orchestrator.errors import RemoteError
 from orchestrator.planner_model import PlannedFile
-from orchestrator.release.ids import is_release_id, sequence, sort_ids
 from orchestrator.release.prune import select_prunable
 from orchestrator.release.record import ReleaseRecord
+from orchestrator.release_ids import is_release_id, sequence, sort_ids
 from orchestrator.remote import hostfs
 from orchestrator.remote.probes import MARK, CommandResult, manifest_hashes
 

@@ -29,6 +29,7 @@ from orchestrator.calibration import parse_file as parse_calibration
 from orchestrator.errors import RemoteError
 from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, PoolMeasurement, UnitFact
 from orchestrator.profile.inventory import Host
+from orchestrator.release_ids import sort_ids
 
 # The fields we ask nvidia-smi for, in order. `compute_cap` needs driver >= 510 (nvidia-smi
 # --help-query-gpu); every driver that supports Blackwell has it.
@@ -319,7 +320,6 @@ def parse_show(stdout: str) -> dict[str, dict[str, str]]:
 # ------------------------------------------------------------------------------ current release ---
 
 LATEST = MARK + "releases"
-_RELEASE_NAME = re.compile(r"^r([0-9]{4,})-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
 
 
 def current_command(install_root: str) -> str:
@@ -342,9 +342,8 @@ def _split_latest(stdout: str) -> tuple[str, str | None]:
 def parse_latest(stdout: str) -> str | None:
     """The newest release directory (by sequence number) listed after the ``==> releases`` line;
     None when there is none (or the output predates that line)."""
-    listing = _split_latest(stdout)[1] or ""
-    seqs = {n.strip(): m for n in listing.splitlines() if (m := _RELEASE_NAME.match(n.strip()))}
-    return max(seqs, key=lambda n: int(seqs[n].group(1)), default=None)
+    ids = sort_ids(n.strip() for n in (_split_latest(stdout)[1] or "").splitlines())
+    return ids[-1] if ids else None
 
 
 def parse_current(stdout: str) -> tuple[str | None, dict[str, str]]:

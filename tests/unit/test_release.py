@@ -24,10 +24,10 @@ from orchestrator.planner.transition import (
     roles_affected,
     transition,
 )
-from orchestrator.release.ids import is_release_id, new_release_id, sequence, sort_ids
 from orchestrator.release.prune import select_prunable
 from orchestrator.release.record import ReleaseRecord, last_healthy, rollback_target
 from orchestrator.release.store import ReleaseStore, build_tarball
+from orchestrator.release_ids import is_release_id, new_release_id, sequence, sort_ids
 from orchestrator.remote.probes import CommandResult
 
 T = datetime(2026, 11, 29, 10, 15, 0, tzinfo=UTC)

@@ -1,5 +1,8 @@
 """Release ids: sortable, unique, readable.
 
+A bottom-layer module (paths/errors rank): the release store and the remote probe that reads the
+host's newest release both need the one rule of what a release id is.
+
 ``r0007-20261129T101500Z-1a2b3c4d``: a sequence number (so ``ls`` and string sort give apply order
 even if the controller's clock is wrong), the controller's UTC time at apply (for humans), and the
 first 8 hex digits of the plan's content hash (two applies of the same plan are recognisable). Only
