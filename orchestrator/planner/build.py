@@ -28,6 +28,7 @@ from orchestrator.planner.checks import (
     host_topology_checks,
     secrets_checks,
 )
+from orchestrator.planner.exposure import exposure_checks
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
 from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile
@@ -172,6 +173,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         checks += disk_checks
     checks += host_key_checks(ctx.host_name, ctx.host)
     checks += secrets_checks(dep)
+    checks += exposure_checks(dep)
     checks = apply_acknowledgements(
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
     checks = sort_checks(locate_checks(checks, ctx.profile_text, str(ctx.profile_path)))

@@ -273,14 +273,28 @@ def secrets_checks(dep: Deployment) -> list[Check]:
         subject="secrets")]
 
 
+# Errors that a profile may acknowledge, each with why: a choice the operator can make knowingly
+# (a firewall in front, a flag they trust) rather than a deployment that would fail. Acknowledged,
+# they become acknowledged warnings and stop blocking apply; unacknowledged they block.
+ACKNOWLEDGEABLE_ERRORS: dict[str, str] = {
+    "exposure.all-interfaces": "every interface is reachable; a firewall may make that intended",
+    "exposure.foreign-code-flag": "the flag runs code or sends data the operator may trust",
+}
+
+
 def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]]) -> list[Check]:
-    """Mark acknowledged warnings; an acknowledgement of an error or of nothing is itself reported."""
+    """Mark acknowledged warnings (and the errors of :data:`ACKNOWLEDGEABLE_ERRORS`, which become
+    acknowledged warnings); an acknowledgement of another error or of nothing is itself reported."""
     ack = dict(acks)
     out: list[Check] = []
     used: set[str] = set()
     for c in checks:
         if c.id in ack:
             used.add(c.id)
+            if c.severity == "error" and c.id in ACKNOWLEDGEABLE_ERRORS:
+                out.append(c.model_copy(update={"severity": "warning", "acknowledged": True,
+                                                "ack_reason": ack[c.id]}))
+                continue
             if c.severity == "error":
                 out.append(c)
                 out.append(check(

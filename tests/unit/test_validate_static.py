@@ -27,7 +27,8 @@ HOST_ONLY = {"engine.moe-runner", "engine.moe-runner-unknown", "engine.moe-runne
              "kernels.sglang-paths"}  # the kernels' path depends on the arch
 
 
-HOST_FAMILIES = ("host.", "disk.", "capacity.", "known-bad.", "fleet.")
+HOST_FAMILIES = ("host.", "disk.", "capacity.", "known-bad.", "fleet.",
+                 "exposure.")  # exposure: the engines listen on the host's service_address
 
 
 def _is_static(check_id: str) -> bool:
