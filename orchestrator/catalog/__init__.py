@@ -218,6 +218,11 @@ class Catalog(BaseModel):
             gpu_arch,
         )
 
+    def check_layout(self, model: ModelVariant | str, expert_storage: str, tp: int, ep: int,
+                     attn_dp: int) -> None:
+        """Raise UnsupportedLayout / UnknownCatalogData for a layout no GPU could shard."""
+        _weights.check_layout_static(self, self._variant(model), expert_storage, tp, ep, attn_dp)
+
     def checkpoint_bytes(self, model: ModelVariant | str) -> int:
         return self._variant(model).checkpoint_bytes.value
 

@@ -98,6 +98,18 @@ def _group_bytes(catalog: Catalog, fmt: str, params: int) -> int:
     return math.ceil(params * bpp)
 
 
+def check_layout_static(catalog: Catalog, variant: ModelVariant, expert_storage: str, tp: int,
+                        ep: int, attn_dp: int) -> None:
+    """The layout rules that need no GPU (``dsv4ctl validate`` reports them): the storage option,
+    tp/ep/attn_dp against the model's heads, groups and experts, and the experts' scale blocks.
+    Only the shared expert's format can depend on the GPU (runtime overrides), so it waits for
+    :func:`weight_bytes_per_rank`."""
+    _check_storage(catalog, variant, expert_storage)
+    option = catalog.expert_storage_option(expert_storage)
+    fmt = option.format if expert_storage != "native" else None
+    _check_layout(catalog, variant, tp, ep, attn_dp, fmt or variant.expert_format, None)
+
+
 def _check_layout(
     catalog: Catalog,
     variant: ModelVariant,
@@ -105,7 +117,7 @@ def _check_layout(
     ep: int,
     attn_dp: int,
     expert_format: str,
-    shared_format: str,
+    shared_format: str | None,
 ) -> None:
     for name, v in (("tp", tp), ("ep", ep), ("attn_dp", attn_dp)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -152,6 +164,8 @@ def _check_layout(
             f"rank, not a multiple of the {expert_format} scale block ({k_block}).",
             fix=f"use ep={tp} (whole experts per rank) instead of TP-sliced experts.",
         )
+    if shared_format is None:
+        return
     shared_block = catalog.quant(shared_format).k_block
     if inter % tp or (shared_block and (inter // tp) % shared_block):
         raise UnsupportedLayout(

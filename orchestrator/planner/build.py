@@ -178,11 +178,22 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
     checks = sort_checks(locate_checks(checks, ctx.profile_text, str(ctx.profile_path)))
 
-    tree = render_release(ctx.profile, dep)
-    files = [PlannedFile(path=p, mode=f.mode, sha256=f.sha256, roles=list(f.roles),
-                         content=f.content)
-             for p, f in sorted(tree.files.items())]
-    actions = host_transition(files, facts)
+    from orchestrator.render import RenderError
+
+    try:
+        tree = render_release(ctx.profile, dep)
+    except RenderError:
+        # what render refuses, the static checks report with its location (static.env_checks):
+        # a plan with that error has no files to show, not a second, unlocated error
+        if not any(c.severity == "error" for c in static):
+            raise
+        files: list[PlannedFile] = []
+        actions: list[Action] = []
+    else:
+        files = [PlannedFile(path=p, mode=f.mode, sha256=f.sha256, roles=list(f.roles),
+                             content=f.content)
+                 for p, f in sorted(tree.files.items())]
+        actions = host_transition(files, facts)
     return Plan(
         tool_version=__version__,
         profile_name=ctx.profile.name,

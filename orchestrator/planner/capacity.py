@@ -25,7 +25,7 @@ from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.facts import Facts
 from orchestrator.planner import headroom as hr
 from orchestrator.planner import outside
-from orchestrator.planner.checks import check, gib
+from orchestrator.planner.checks import check, gib, layout_check
 from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
 from orchestrator.planner_model import Check, GpuRow, HeadroomTermRow, RoleCapacity, WeightGroup
 from orchestrator.profile.schema import Profile
@@ -138,11 +138,7 @@ def plan_capacity(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
                 include_dspark=dep.speculative_algorithm == "dspark",
                 engine=engine, gpu_arch=gpu.arch)
         except (UnsupportedLayout, UnknownCatalogData) as exc:
-            checks.append(check(
-                "capacity.layout", "error", "weights cannot be sharded this way",
-                f"role {role.name}: {exc}", getattr(exc, "fix", None) or
-                "choose tp/ep/attn_dp the model supports",
-                field=f"topology.{role.name}.tp", subject=role.name))
+            checks.append(layout_check(role.name, exc))
             continue
         notes += list(wb.unconfirmed)
         static_budget = int(gpu.total_bytes * mfs)

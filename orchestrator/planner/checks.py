@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from orchestrator.deployment import Deployment
+from orchestrator.errors import DsvError
 from orchestrator.facts import DiskFact, Facts
 from orchestrator.planner_model import Check, DiskRow, Severity
 from orchestrator.profile.inventory import Host
@@ -29,6 +30,15 @@ def check(
 ) -> Check:
     return Check(id=id, severity=severity, title=title, message=message, fix=fix, subject=subject,
                  source=source, field=field, numbers=dict(sorted(numbers.items())))
+
+
+def layout_check(role: str, exc: DsvError) -> Check:
+    """``capacity.layout`` of a role (the catalog's UnsupportedLayout / UnknownCatalogData): its
+    reason, and its fix once (not also inside the message)."""
+    return check("capacity.layout", "error", "weights cannot be sharded this way",
+                 f"role {role}: {exc.message}",
+                 exc.fix or "choose tp/ep/attn_dp the model supports",
+                 field=f"topology.{role}.tp", subject=role)
 
 
 def gib(n: float) -> str:
@@ -282,9 +292,12 @@ ACKNOWLEDGEABLE_ERRORS: dict[str, str] = {
 }
 
 
-def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]]) -> list[Check]:
+def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, str]], *,
+                           report_unused: bool = True) -> list[Check]:
     """Mark acknowledged warnings (and the errors of :data:`ACKNOWLEDGEABLE_ERRORS`, which become
-    acknowledged warnings); an acknowledgement of another error or of nothing is itself reported."""
+    acknowledged warnings); an acknowledgement of another error or of nothing is itself reported.
+    ``report_unused=False``: the checks are only the static half (`validate`), so an
+    acknowledgement may match a check only the host's facts raise; plan decides it."""
     ack = dict(acks)
     out: list[Check] = []
     used: set[str] = set()
@@ -305,7 +318,7 @@ def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, st
             out.append(c.model_copy(update={"acknowledged": True, "ack_reason": ack[c.id]}))
         else:
             out.append(c)
-    for cid in sorted(set(ack) - used):
+    for cid in sorted(set(ack) - used) if report_unused else ():
         out.append(check(
             "profile.ack-unused", "warning", "acknowledgement matches no check",
             f"the profile acknowledges {cid}, but the plan has no such check",

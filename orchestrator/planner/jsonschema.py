@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.catalog.flags import load_flag_table
+from orchestrator.planner.kvpool import cuda_kv_dtype_refusal
 from orchestrator.profile.jsonschema import json_schema
 from orchestrator.profile.schema import Engine, Profile
 
@@ -43,7 +44,10 @@ def profile_schema(cat: Catalog | None = None) -> dict[str, Any]:
     schema = json_schema(Profile, "dsv4ctl profile")
     _enum(schema, "model.variant", sorted(m.id for m in cat.variants), "catalog model variants")
     _enum(schema, "attention.index_topk", list(engine.accepted["index_topk"].values), where)
-    _enum(schema, "attention.kv_cache_dtype", list(engine.accepted["kv_cache_dtype"].values), where)
+    # the dtypes that start (the argument check passes bfloat16; the CUDA V4 pool does not)
+    _enum(schema, "attention.kv_cache_dtype",
+          [v for v in engine.accepted["kv_cache_dtype"].values
+           if cuda_kv_dtype_refusal(str(v)) is None], where)
     runner = load_flag_table(name, version).spec("--moe-runner-backend")
     if runner is not None and runner.choices:
         _enum(schema, "moe.runner_backend", list(runner.choices), where)

@@ -197,6 +197,20 @@ class KVPoolInputs:
         return max(1, self.max_running_requests // self.attn_dp_size)
 
 
+def cuda_kv_dtype_refusal(dtype: str) -> tuple[str, str] | None:
+    """``(why, fix)`` when a KV dtype the V4 argument check accepts still cannot start on CUDA.
+    One owner: the pool model refuses it, and the static engine rules (what `validate` reports)
+    and every fix that offers a dtype ask here, so no fix names a dtype that fails startup."""
+    if dtype != "bfloat16":
+        return None
+    return ("on CUDA 0.5.23 has no BF16 V4 pool: DSV4PoolConfigurator budgets the 584-B FP8 "
+            "entry whatever the dtype (pool_configurator.py L1108) while "
+            "DeepSeekV4SingleKVPool.create_buffer asserts store_dtype == uint8 "
+            "(deepseek_v4_memory_pool.py L321), which a bfloat16 pool is not, so startup fails; "
+            "BF16 V4 KV exists only on NPU and in HIP's unified_kv (1024 B/row, "
+            "dsv4_unified_row_bytes)", "use kv_cache_dtype fp8_e4m3")
+
+
 def _need(ok: bool, what: str, value: object, why: str, fix: str) -> None:
     if not ok:
         raise KVPoolError(what, value, why, fix)
@@ -228,13 +242,8 @@ def _validate(x: KVPoolInputs) -> None:
     _need(x.kv_cache_dtype in ("fp8_e4m3", "bfloat16"), "kv_cache_dtype", x.kv_cache_dtype,
           "arg_groups/overrides.py::_deepseek_v4_kv_cache_dtype asserts fp8_e4m3 or bfloat16",
           "use fp8_e4m3 (what 'auto' resolves to)")
-    _need(x.kv_cache_dtype != "bfloat16", "kv_cache_dtype", x.kv_cache_dtype,
-          "on CUDA 0.5.23 has no BF16 V4 pool: DSV4PoolConfigurator budgets the 584-B FP8 "
-          "entry whatever the dtype (pool_configurator.py L1108) while "
-          "DeepSeekV4SingleKVPool.create_buffer asserts store_dtype == uint8 "
-          "(deepseek_v4_memory_pool.py L321), which a bfloat16 pool is not, so startup fails; "
-          "BF16 V4 KV exists only on NPU and in HIP's unified_kv (1024 B/row, "
-          "dsv4_unified_row_bytes)", "use kv_cache_dtype fp8_e4m3")
+    refusal = cuda_kv_dtype_refusal(x.kv_cache_dtype)
+    _need(refusal is None, "kv_cache_dtype", x.kv_cache_dtype, *(refusal or ("", "")))
     _need(x.compress_state_dtype in _STATE_DTYPE_BYTES, "compress_state_dtype",
           x.compress_state_dtype,
           "pool_configurator.py::_get_dsv4_compress_state_dtype_sizes accepts float32/fp32/"

@@ -125,6 +125,21 @@ def headroom_checks(role: RoleDeployment, s: PoolSizing, h: hr.HeadroomModel, mf
     big = h.largest_runtime
     exact_need = sum(t.bytes for t in h.terms if t.phase == "runtime" and t.exact)
     ways = []
+    if big.id == "cuda_graphs":
+        # the largest term's own lever first: fewer captured batch sizes shrink the graphs
+        # without shrinking the pool (batches above it run without a graph)
+        bs = h.cuda_graph_max_bs
+        while bs > 1:
+            bs //= 2
+            h4 = hr.build(replace(hx, cuda_graph_max_bs=bs), have)
+            if h4.runtime_bytes <= have:
+                graphs = sum(t.bytes for t in h4.terms if t.id == "cuda_graphs")
+                ways.append(f"lower cuda_graph_max_bs to {bs} (CUDA graphs then take "
+                            f"{gib(graphs)} instead of {gib(big.bytes)}; batches above {bs} run "
+                            "without a graph)")
+                break
+        else:
+            ways.append("no smaller cuda_graph_max_bs fits it")
     for step in range(1, int(mfs * 100)):
         m = round(mfs - step / 100, 2)
         s2, h2 = sized(m)
@@ -163,6 +178,8 @@ def headroom_checks(role: RoleDeployment, s: PoolSizing, h: hr.HeadroomModel, mf
         f"mem_fraction_static {mfs:.2f} but the KV pool leaves {gib(have)}; the largest term is "
         f"{big.id} ({gib(big.bytes)}{'' if big.exact else ', an estimate'}: {big.detail})",
         "; or ".join(ways),
-        field="serving.mem_fraction_static", subject=role.name, need_bytes=need, headroom_bytes=have,
+        field=(f"topology.{role.name}.cuda_graph_max_bs" if big.id == "cuda_graphs"
+               else "serving.mem_fraction_static"),
+        subject=role.name, need_bytes=need, headroom_bytes=have,
         largest_term=big.id, largest_bytes=big.bytes, longest_request_tokens=longest,
         source="planner/headroom.py; docs/headroom-sglang-0.5.23.md")]

@@ -13,6 +13,7 @@ from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, did_you_mean
 from orchestrator.planner.capacity import HostGpu
 from orchestrator.planner.checks import check
+from orchestrator.planner.kvpool import cuda_kv_dtype_refusal
 from orchestrator.planner_model import Check
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
@@ -26,12 +27,23 @@ _SPEC = {"eagle": "EAGLE", "dspark": "DSPARK"}
 
 def _accepted(engine: EngineRules, knob: str, value: object, field: str, label: str) -> list[Check]:
     spec = engine.accepted[knob]
+    # a fix names only values that start: the V4 argument check accepts bfloat16, the CUDA pool
+    # does not (kvpool.cuda_kv_dtype_refusal)
+    starts = [v for v in spec.values
+              if knob != "kv_cache_dtype" or cuda_kv_dtype_refusal(str(v)) is None]
     if value in spec.values:
-        return []
+        refusal = cuda_kv_dtype_refusal(str(value)) if knob == "kv_cache_dtype" else None
+        if refusal is None:
+            return []
+        return [check(f"engine.{knob.replace('_', '-')}", "error",
+                      f"{label} cannot start on CUDA", f"{field} = {value}: {refusal[0]}",
+                      refusal[1], subject=field, field=field,
+                      source="planner/kvpool.py (sglang 0.5.23 deepseek_v4_memory_pool.py)")]
     allowed = ", ".join(str(v) for v in spec.values)
-    fix = did_you_mean(value, spec.values, what="accepted values")
+    fix = did_you_mean(value, starts, what="values that start")
     if knob == "kv_cache_dtype" and value == "bf16":
-        fix = "write 'bfloat16': SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 path"
+        fix = ("write 'fp8_e4m3': SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 "
+               "path, and its 'bfloat16' has no V4 KV pool on CUDA")
     return [check(f"engine.{knob.replace('_', '-')}", "error", f"{label} not accepted by the engine",
                   f"{field} = {value}: {engine.engine} {engine.version} accepts only {allowed}"
                   + (f" ({spec.note})" if spec.note else ""), fix, subject=field, field=field,
@@ -71,8 +83,14 @@ def gpu_engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, de
     rejected = any(c.id == "engine.flag-invalid-choice" and c.field == "moe.runner_backend"
                    for c in static)
     out = [] if rejected else _moe_path(cat, engine, model, dep, gpu)
-    return (out + _kernel_paths(dep, gpu) + _bf16_gemms(cat, model, dep, gpu)
-            + _known_bad(cat, engine, model, dep, gpu, host))
+    bad = _known_bad(cat, engine, model, dep, gpu, host)
+    if rejected or any(c.severity == "error" and c.field == "moe.runner_backend" for c in out):
+        # one mistake, one error: a known-bad entry about the runner choice says again what the
+        # runner's own error (or the flag error) already says, with a less precise fix
+        runner_rules = {f"known-bad.{kb.id}" for kb in engine.known_bad
+                        if "moe_runner" in kb.when or "moe_runner_not" in kb.when}
+        bad = [c for c in bad if c.id not in runner_rules]
+    return out + _kernel_paths(dep, gpu) + _bf16_gemms(cat, model, dep, gpu) + bad
 
 
 def _kernel_paths(dep: Deployment, gpu: HostGpu) -> list[Check]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
+from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment
 from orchestrator.planner import rules
-from orchestrator.planner.checks import topology_checks
+from orchestrator.planner.checks import check, layout_check, topology_checks
 from orchestrator.planner_model import Check
 from orchestrator.profile.loader import locate
 from orchestrator.profile.schema import Profile
@@ -24,7 +25,30 @@ def static_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
                   profile: Profile) -> list[Check]:
     """Topology, ports and engine rules, from the profile and the catalog alone."""
     heads = cat.config_of(model).num_attention_heads.value
-    return topology_checks(dep, heads) + rules.engine_checks(cat, engine, model, dep, profile)
+    return (topology_checks(dep, heads) + layout_checks(cat, model, dep) + env_checks(dep)
+            + rules.engine_checks(cat, engine, model, dep, profile))
+
+
+def layout_checks(cat: Catalog, model: ModelVariant, dep: Deployment) -> list[Check]:
+    """``capacity.layout``: a tp/ep/attn_dp no GPU could shard (the same rules the capacity
+    arithmetic applies, minus the one that depends on the GPU's runtime formats)."""
+    out = []
+    for role in dep.roles:
+        try:
+            cat.check_layout(model, dep.expert_storage, role.tp, role.ep, role.attn_dp)
+        except (UnsupportedLayout, UnknownCatalogData) as exc:
+            out.append(layout_check(role.name, exc))
+    return out
+
+
+def env_checks(dep: Deployment) -> list[Check]:
+    """``profile.env-reserved``: a role's env that sets what dsv4ctl renders itself."""
+    from orchestrator.render import reserved_env_problems  # jinja2 only; plan imports it anyway
+
+    return [check("profile.env-reserved", "error", "role env sets a variable dsv4ctl owns",
+                  f"{where} = {dict(role.env)[where.rsplit('.', 1)[1]]!r}: {message}", fix,
+                  field=where, subject=role.name)
+            for role in dep.roles for where, message, fix in reserved_env_problems(dep, role)]
 
 
 def locate_checks(checks: list[Check], text: str, filename: str) -> list[Check]:
@@ -67,5 +91,6 @@ def check_profile(path: Path, inventory_path: Path | None = None) -> tuple[Profi
     ctx = PlanContext(profile, path, text, name, host, inventory_path)
     dep = resolve_deployment(ctx, cat)
     checks = static_checks(cat, engine, model, dep, profile)
-    checks = apply_acknowledgements(checks, [(a.id, a.reason) for a in profile.acknowledge])
+    checks = apply_acknowledgements(checks, [(a.id, a.reason) for a in profile.acknowledge],
+                                    report_unused=False)
     return profile, sort_checks(locate_checks(checks, text, str(path)))

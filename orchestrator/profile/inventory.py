@@ -74,9 +74,9 @@ class PresentModel(_Strict):
 
 
 class JumpHost(_Strict):
-    address: HostName
-    user: UserName = "root"
-    port: Port | Literal[22] = 22
+    address: HostName = Field(description="The jump host's DNS name or IP address.")
+    user: UserName = Field(default="root", description="SSH user on the jump host.")
+    port: Port | Literal[22] = Field(default=22, description="SSH port of the jump host.")
 
 
 # Directories that belong to the system: an install root there would mix dsv4ctl's releases with
@@ -118,7 +118,8 @@ class Host(_Strict):
         "Unknown keys are refused unless --accept-new-host-key (which records the key here); "
         "changed keys always.",
     )
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300,
+                                     description="Seconds to wait for the SSH connection.")
     scope: Literal["system", "user"] = Field(
         default="system",
         description="systemd scope: 'system' on production hosts, 'user' for systemctl --user.",
@@ -148,13 +149,15 @@ class Host(_Strict):
             raise ValueError("service_user: root would run the engines with every privilege; "
                              "name an unprivileged user (default dsv4)")
         return self
-    disks: list[DeclaredDisk] = Field(default_factory=list)
+    disks: list[DeclaredDisk] = Field(
+        default_factory=list, description="Declared free space per path, used when the host is "
+        "not probed.")
     models: list[PresentModel] = Field(
         default_factory=list, description="Checkpoints already present on the host."
     )
     service_address: Annotated[str, Field(pattern=r"^[0-9a-fA-F.:]+$")] | None = Field(
         default=None,
-        description="Fleets (issue 23): the IP address this host's engines listen on when the router "
+        description="Fleets: the IP address this host's engines listen on when the router "
         "or a PD peer on another host must reach them (the private network between the hosts). "
         "Unset: the address when it is an IP. A host whose engines only its own router reaches "
         "keeps them on 127.0.0.1.",
@@ -164,7 +167,7 @@ class Host(_Strict):
         description="Fleets: the speed of the network link between this host and the others, in "
         "Gbit/s (e.g. 25 for 25GbE). The planner estimates cross-host PD KV transfer time from it.",
     )
-    description: Text | None = None
+    description: Text | None = Field(default=None, description="Free text for humans.")
 
 
 def _optional(field: Any) -> tuple[Any, Any]:
@@ -193,9 +196,9 @@ def _merge_error(member: str, exc: ValidationError) -> str:
 
 
 class HostGroup(_Strict):
-    """A fleet: hosts that run the same profile behind one router (issue 23)."""
+    """A fleet: hosts that run the same profile behind one router."""
 
-    description: Text | None = None
+    description: Text | None = Field(default=None, description="Free text for humans.")
     defaults: HostPatch = Field(  # type: ignore[valid-type]
         default_factory=HostPatch,
         description="Host fields every member shares (user, scope, install_root, gpus, disks, ...).")
@@ -226,13 +229,14 @@ class HostGroup(_Strict):
 
 
 class Inventory(_Strict):
-    api_version: Literal["dsv4ctl/v1"] = Field(default="dsv4ctl/v1", alias="apiVersion")
+    api_version: Literal["dsv4ctl/v1"] = Field(default="dsv4ctl/v1", alias="apiVersion",
+                                               description="Inventory format version.")
     hosts: dict[Slug, Host] = Field(
         default_factory=dict, description="Hosts by name (a profile's `host: NAME`).")
     groups: dict[Slug, HostGroup] = Field(
         default_factory=dict,
         description="Fleets by name (a profile's `hosts: NAME`): hosts that run one profile "
-        "behind one router (issue 23).")
+        "behind one router.")
 
     @model_validator(mode="after")
     def _names(self) -> Inventory:

@@ -95,7 +95,9 @@ class Attention(_Strict):
         description="DSA indexer top-k; SGLang 0.5.23 accepts 512 or 1024. Default: the model's.",
     )
     kv_cache_dtype: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] = Field(
-        default="fp8_e4m3", description="KV cache dtype: fp8_e4m3 or bfloat16 for DeepSeek-V4."
+        default="fp8_e4m3", description="KV cache dtype. SGLang 0.5.23 starts DeepSeek-V4 on CUDA "
+        "with fp8_e4m3 only: its argument check also passes bfloat16, which has no V4 KV pool on "
+        "CUDA."
     )
     context_length: Tokens | None = Field(
         default=None,
@@ -111,10 +113,22 @@ class Attention(_Strict):
 class ServingKnobs(_Strict):
     """Per-role overrides of the serving section; unset fields inherit."""
 
-    mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
-    max_running_requests: int | None = Field(default=None, ge=1, le=65536)
-    chunked_prefill_size: Tokens | None = Field(default=None, ge=-1, le=1 << 20)
-    cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="SGLang --mem-fraction-static for this role: weights + KV pool as a fraction "
+        "of GPU memory. Unset: serving.mem_fraction_static.")
+    max_running_requests: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="SGLang --max-running-requests: requests a rank runs at once. Unset: the "
+        "engine's V4 default (256).")
+    chunked_prefill_size: Tokens | None = Field(
+        default=None, ge=-1, le=1 << 20,
+        description="SGLang --chunked-prefill-size: tokens of a prompt prefilled per step (8192, "
+        "8K); -1 disables chunking. Unset: the engine's default for the GPU.")
+    cuda_graph_max_bs: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="SGLang --cuda-graph-max-bs: the largest decode batch captured as a CUDA "
+        "graph; graphs cost GPU memory outside the static pool. Unset: the engine's default.")
 
     @model_validator(mode="after")
     def _chunk(self) -> ServingKnobs:
@@ -124,8 +138,10 @@ class ServingKnobs(_Strict):
 
 
 class SamplingDefaults(_Strict):
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0,
+                               description="Sampling temperature when a request sets none.")
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0,
+                         description="Nucleus sampling top_p when a request sets none.")
 
 
 class Serving(ServingKnobs):
@@ -139,8 +155,13 @@ class Serving(ServingKnobs):
         default_factory=SamplingDefaults,
         description="Applied when a request omits them (model card: temperature 1.0, top_p 0.95).",
     )
-    enable_cache_report: bool = True
-    watchdog_timeout_s: int = Field(default=1800, ge=30, le=86400)
+    enable_cache_report: bool = Field(
+        default=True, description="SGLang --enable-cache-report: report cached prompt tokens in "
+        "each response's usage.")
+    watchdog_timeout_s: int = Field(
+        default=1800, ge=30, le=86400,
+        description="SGLang --watchdog-timeout: seconds a forward step may hang before the engine "
+        "kills itself.")
 
 
 class Role(ServingKnobs):
@@ -153,8 +174,12 @@ class Role(ServingKnobs):
         default=1, ge=1, le=64, description="Attention data-parallel groups inside the TP group."
     )
     port: Port | None = Field(default=None, description="HTTP port; default depends on the role.")
-    nccl_port: Port | None = None
-    engine_info_bootstrap_port: Port | None = None
+    nccl_port: Port | None = Field(
+        default=None, description="SGLang --nccl-port for the role's TP group. Unset: chosen by "
+        "dsv4ctl from the role's port.")
+    engine_info_bootstrap_port: Port | None = Field(
+        default=None, description="SGLang --engine-info-bootstrap-port. Unset: chosen by "
+        "dsv4ctl from the role's port.")
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
         description="Extra engine flags, checked against the pinned engine's flag table.",
@@ -164,7 +189,7 @@ class Role(ServingKnobs):
     )
     hosts: list[Slug] | None = Field(
         default=None, min_length=1, max_length=1024,
-        description="Fleets (issue 23): the fleet hosts that run this role. Unset: every host. "
+        description="Fleets: the fleet hosts that run this role. Unset: every host. "
         "Prefill on some hosts and decode on others is cross-host PD: the KV cache crosses the "
         "network (the plan estimates its transfer time from the hosts' link_gbps).",
     )
@@ -182,34 +207,36 @@ class Router(_Strict):
     )
     port: Port = Field(default=8000, description="Client-facing port.")
     prometheus_port: Port = Field(default=29000, description="Router metrics port.")
-    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = "cache_aware"
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
+        default="cache_aware", description="sglang-router --policy: how requests pick a worker.")
     runs_on: Slug | None = Field(
         default=None,
-        description="Fleets (issue 23): the inventory host that runs the router, one of the "
+        description="Fleets: the inventory host that runs the router, one of the "
         "fleet's hosts or a host of its own (it needs no GPU). Unset: the fleet's first host.",
     )
 
 
 class ColocatedTopology(_Strict):
-    mode: Literal["colocated"]
-    engine: Role
+    mode: Literal["colocated"] = Field(description="One engine on the role's GPUs.")
+    engine: Role = Field(description="The engine's GPUs, parallelism and serving knobs.")
     router: Router | None = Field(
         default=None,
-        description="Fleets (issue 23): the router in front of every host's engine (regular "
+        description="Fleets: the router in front of every host's engine (regular "
         "mode). Unset: a fleet of one has none (clients reach the engine), a larger fleet the "
         "default router on its first host.",
     )
 
 
 class PDTopology(_Strict):
-    mode: Literal["pd"]
-    prefill: PrefillRole
-    decode: Role
+    mode: Literal["pd"] = Field(description="Prefill/decode disaggregation behind the router.")
+    prefill: PrefillRole = Field(description="The prefill engine's GPUs, parallelism and knobs.")
+    decode: Role = Field(description="The decode engine's GPUs, parallelism and knobs.")
     transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl"] = Field(
         default="mooncake_tcp",
         description="KV transfer between prefill and decode; mooncake needs RDMA NICs.",
     )
-    router: Router = Field(default_factory=Router)
+    router: Router = Field(default_factory=Router,
+                           description="The sglang-router clients connect to.")
 
 
 Topology = Annotated[ColocatedTopology | PDTopology, Field(discriminator="mode")]
@@ -219,9 +246,15 @@ class Speculative(_Strict):
     algorithm: Literal["none", "eagle", "dspark"] = Field(
         default="none", description="DeepSeek-V4 allows EAGLE (MTP, top-k 1) or DSpark (-0731)."
     )
-    num_steps: int | None = Field(default=None, ge=1, le=16)
-    num_draft_tokens: int | None = Field(default=None, ge=1, le=64)
-    dspark_block_size: int | None = Field(default=None, ge=1, le=16)
+    num_steps: int | None = Field(
+        default=None, ge=1, le=16,
+        description="SGLang --speculative-num-steps. Unset: the engine's default.")
+    num_draft_tokens: Tokens | None = Field(
+        default=None, ge=1, le=64,
+        description="SGLang --speculative-num-draft-tokens (EAGLE). Unset: the engine's default.")
+    dspark_block_size: int | None = Field(
+        default=None, ge=1, le=16,
+        description="SGLang --speculative-dspark-block-size (DSpark). Unset: the engine's default.")
 
 
 class Workload(_Strict):
@@ -234,9 +267,10 @@ class Workload(_Strict):
         default=32768, ge=1, le=1 << 24,
         description="Tokens per request (prompt + output); 32768, 32K, 1M."
     )
-    longest_request_tokens: int | None = Field(
+    longest_request_tokens: Tokens | None = Field(
         default=None, ge=1, le=1 << 24,
-        description="The longest single request (prompt + output) the deployment must serve; "
+        description="The longest single request (prompt + output; 131072, 128K, 1M) the "
+        "deployment must serve; "
         "the headroom check sizes the prefill workspace for it. Unset: context_tokens.",
     )
 
@@ -257,19 +291,31 @@ class Kernels(_Strict):
 
 
 class AlertThresholds(_Strict):
-    kv_usage_high: float = Field(default=0.90, gt=0.0, le=1.0)
-    swa_usage_high: float = Field(default=0.95, gt=0.0, le=1.0)
-    queue_high: int = Field(default=32, ge=1)
-    ttft_p95_s: float = Field(default=10.0, gt=0.0)
-    itl_p95_s: float = Field(default=0.25, gt=0.0)
-    spec_accept_length_min: float = Field(default=1.5, gt=0.0)
-    for_minutes: int = Field(default=5, ge=1, le=1440)
+    kv_usage_high: float = Field(default=0.90, gt=0.0, le=1.0,
+                                 description="Alert when the KV pool is fuller than this fraction.")
+    swa_usage_high: float = Field(
+        default=0.95, gt=0.0, le=1.0,
+        description="Alert when the sliding-window pool is fuller than this fraction.")
+    queue_high: int = Field(default=32, ge=1,
+                            description="Alert when more requests than this wait in the queue.")
+    ttft_p95_s: float = Field(default=10.0, gt=0.0,
+                              description="Alert when the p95 time to first token exceeds this.")
+    itl_p95_s: float = Field(default=0.25, gt=0.0,
+                             description="Alert when the p95 inter-token latency exceeds this.")
+    spec_accept_length_min: float = Field(
+        default=1.5, gt=0.0,
+        description="Alert when speculative decoding accepts fewer tokens a step than this.")
+    for_minutes: int = Field(default=5, ge=1, le=1440,
+                             description="How long a condition must hold before it alerts.")
 
 
 class Monitoring(_Strict):
-    enabled: bool = True
-    scrape_interval_s: int = Field(default=15, ge=1, le=3600)
-    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+    enabled: bool = Field(default=True, description="Render the Prometheus scrape config, alert "
+                          "rules and Grafana dashboard with the release.")
+    scrape_interval_s: int = Field(default=15, ge=1, le=3600,
+                                   description="Prometheus scrape interval, in seconds.")
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds,
+                                    description="Thresholds of the rendered alert rules.")
     textfile_dir: SafePath | None = Field(
         default=None,
         description="node-exporter textfile collector dir for dsv4ctl's own metrics (optional).",
@@ -277,18 +323,29 @@ class Monitoring(_Strict):
 
 
 class Qualify(_Strict):
-    min_recall_tokens: Tokens | None = Field(default=None, ge=1)
-    min_output_tok_s: float | None = Field(default=None, gt=0)
-    load_concurrency: int = Field(default=16, ge=1, le=4096)
-    load_duration_s: float = Field(default=30.0, gt=0, le=3600)
-    on_fail: Literal["rollback", "keep"] = "rollback"
+    min_recall_tokens: Tokens | None = Field(
+        default=None, ge=1,
+        description="After health, a needle-in-a-haystack recall probe must pass at this context "
+        "length (32K, 1M). Unset: no recall probe.")
+    min_output_tok_s: float | None = Field(
+        default=None, gt=0,
+        description="After health, a load probe must reach this output throughput (tokens/s). "
+        "Unset: no throughput floor.")
+    load_concurrency: int = Field(default=16, ge=1, le=4096,
+                                  description="Concurrent requests of the load probe.")
+    load_duration_s: float = Field(default=30.0, gt=0, le=3600,
+                                   description="How long the load probe runs, in seconds.")
+    on_fail: Literal["rollback", "keep"] = Field(
+        default="rollback", description="A failed qualification rolls back, or keeps the release "
+        "and reports it.")
 
 
 class Health(_Strict):
     startup_timeout_s: int = Field(
         default=1800, ge=10, le=86400, description="How long an engine may take to become ready."
     )
-    poll_interval_s: float = Field(default=5.0, gt=0, le=300)
+    poll_interval_s: float = Field(default=5.0, gt=0, le=300,
+                                   description="Seconds between health polls while starting.")
     stability_window_s: float | None = Field(
         default=None, ge=0, le=3600,
         description="After every check passes, keep watching this long; a crash, restart or "
@@ -296,13 +353,17 @@ class Health(_Strict):
         "health-check interval x its failure threshold (sglang-router 0.3.2: 60 s x 3 = 180 s, "
         "research/sglang.md §3), the time the router itself needs to drop a dead worker.",
     )
-    smoke_prompt: Text = "Reply with the single word: ready"
-    smoke_max_tokens: int = Field(default=16, ge=1, le=4096)
-    qualify: Qualify | None = None
+    smoke_prompt: Text = Field(default="Reply with the single word: ready",
+                               description="The chat prompt of the smoke test after health.")
+    smoke_max_tokens: Tokens = Field(default=16, ge=1, le=4096,
+                                     description="max_tokens of the smoke test's request.")
+    qualify: Qualify | None = Field(
+        default=None, description="Optional probes after health (recall, throughput). Unset: "
+        "none.")
 
 
 class RolloutStrategy(_Strict):
-    """How a fleet moves to a new release (issue 23; orchestrator/apply/rollout.py): the canary
+    """How a fleet moves to a new release (orchestrator/apply/rollout.py): the canary
     hosts first, then waves; each host drained through the router, applied, put back."""
 
     canary: int = Field(default=1, ge=0, le=1000, description=(
@@ -320,10 +381,15 @@ class RolloutStrategy(_Strict):
 
 
 class Rollout(_Strict):
-    keep_releases: int = Field(default=5, ge=2, le=100)
-    rollback_on_failure: bool = True
-    rollback_timeout_s: int = Field(default=1800, ge=10, le=86400)
-    strategy: RolloutStrategy = Field(default_factory=RolloutStrategy)
+    keep_releases: int = Field(default=5, ge=2, le=100,
+                               description="Releases kept on the host; older ones are pruned.")
+    rollback_on_failure: bool = Field(
+        default=True, description="A failed apply restores the previous release.")
+    rollback_timeout_s: int = Field(
+        default=1800, ge=10, le=86400,
+        description="How long the restored release may take to become healthy again.")
+    strategy: RolloutStrategy = Field(default_factory=RolloutStrategy,
+                                      description="How a fleet moves: canary, waves, drains.")
 
 
 class SecretRef(_Strict):
@@ -368,29 +434,38 @@ class Acknowledgement(_Strict):
 
 
 class Profile(_Strict):
-    api_version: Literal["dsv4ctl/v1"] = Field(default=API_VERSION, alias="apiVersion")
+    api_version: Literal["dsv4ctl/v1"] = Field(default=API_VERSION, alias="apiVersion",
+                                               description="Profile format version.")
     name: Slug = Field(description="Deployment name; prefixes unit names (dsv4-<name>-<role>).")
-    description: Text | None = None
+    description: Text | None = Field(default=None, description="Free text for humans.")
     host: Slug | Host | None = Field(
         default=None,
         description="Inventory host name, or an inline host definition (a fleet of one).")
     hosts: Slug | Annotated[list[Slug], Field(min_length=1, max_length=4096)] | None = Field(
         default=None,
-        description="Fleets (issue 23): an inventory group name, or a list of inventory host "
+        description="Fleets: an inventory group name, or a list of inventory host "
         "names, that all run this profile behind one router. Give host or hosts, not both.",
     )
-    engine: Engine = Field(default_factory=Engine)
-    model: Model
-    moe: Moe = Field(default_factory=Moe)
-    attention: Attention = Field(default_factory=Attention)
-    topology: Topology
-    serving: Serving = Field(default_factory=Serving)
-    speculative: Speculative = Field(default_factory=Speculative)
-    workload: Workload = Field(default_factory=Workload)
-    kernels: Kernels = Field(default_factory=Kernels)
-    monitoring: Monitoring = Field(default_factory=Monitoring)
-    health: Health = Field(default_factory=Health)
-    rollout: Rollout = Field(default_factory=Rollout)
+    engine: Engine = Field(default_factory=Engine, description="The serving engine and its env.")
+    model: Model = Field(description="The checkpoint and how it is served.")
+    moe: Moe = Field(default_factory=Moe, description="The MoE kernel choice.")
+    attention: Attention = Field(default_factory=Attention,
+                                 description="Sparse attention, KV cache and context length.")
+    topology: Topology = Field(description="Colocated (one engine) or PD (prefill + decode "
+                               "behind a router), with each role's GPUs.")
+    serving: Serving = Field(default_factory=Serving,
+                             description="Serving knobs of every role (a role may override).")
+    speculative: Speculative = Field(default_factory=Speculative,
+                                     description="Speculative decoding (EAGLE/MTP or DSpark).")
+    workload: Workload = Field(default_factory=Workload,
+                               description="What the deployment must hold at once.")
+    kernels: Kernels = Field(default_factory=Kernels, description="dsv4ctl's bundled kernels.")
+    monitoring: Monitoring = Field(default_factory=Monitoring,
+                                   description="Prometheus, alerts and the Grafana dashboard.")
+    health: Health = Field(default_factory=Health,
+                           description="Health checks and the stability window of apply.")
+    rollout: Rollout = Field(default_factory=Rollout,
+                             description="Releases kept, rollback and a fleet's waves.")
     secrets: dict[EnvName, SecretRef] = Field(
         default_factory=dict,
         description="Secrets for the engine env (e.g. HF_TOKEN), written to a 0600 env file. "

@@ -305,6 +305,25 @@ def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[
     return out
 
 
+def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[str, str, str]]:
+    """``(field, reason, fix)`` for each variable of the role's ``env:`` that dsv4ctl renders
+    itself. One owner: render refuses the first, and the planner's static checks report them all
+    with their YAML location (so `validate` catches what render would refuse)."""
+    field = f"topology.{role.name}"
+    names = {k for k, _ in role.env}
+    out = []
+    for reserved in RESERVED_ENV:
+        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or dep.kernels_enabled):
+            out.append((f"{field}.env.{reserved}",
+                        f"dsv4ctl sets {reserved} itself (from {_reserved_source(reserved)})",
+                        f"remove {reserved} from {field}.env"))
+    if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
+        out.append((f"{field}.env.SGLANG_HOST_IP",
+                    "dsv4ctl sets it itself in a fleet (from the host's service_address)",
+                    f"remove SGLANG_HOST_IP from {field}.env; set service_address in the inventory"))
+    return out
+
+
 def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
                   ) -> dict[str, RenderedFile]:
     field = _role_field(profile, role.name)
@@ -314,18 +333,8 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
     argv = engine_argv(dep, role)
     if not argv:
         raise RenderError(f"{field}: empty engine command line")
-    names = {k for k, _ in role.env}
-    for reserved in RESERVED_ENV:
-        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or dep.kernels_enabled):
-            raise RenderError(
-                f"{field}.env.{reserved}: dsv4ctl sets {reserved} itself "
-                f"(from {_reserved_source(reserved)})",
-                fix=f"remove {reserved} from {field}.env")
-    if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
-        raise RenderError(f"{field}.env.SGLANG_HOST_IP: dsv4ctl sets it itself in a fleet "
-                          "(from the host's service_address)",
-                          fix=f"remove SGLANG_HOST_IP from {field}.env; set service_address "
-                              "in the inventory")
+    for where, message, fix in reserved_env_problems(dep, role):
+        raise RenderError(f"{where}: {message}", fix=fix)
     env_lines = [env_file_line(k, v, src) for k, v, src in engine_env(dep, role, field)]
 
     root = dep.install_root

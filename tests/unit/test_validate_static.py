@@ -24,7 +24,11 @@ DEFAULT = (PROFILES / "default.yaml").read_text()
 HOST_ONLY = {"engine.moe-runner", "engine.moe-runner-unknown", "engine.moe-runner-fallback",
              "engine.moe-runner-unavailable", "topology.gpu-missing",
              "kernels.bf16-gemms", "kernels.fp32-gemms",
-             "kernels.sglang-paths"}  # the kernels' path depends on the arch
+             "kernels.sglang-paths",  # the kernels' path depends on the arch
+             "profile.ack-unused"}  # an acknowledgement may match a check only the host raises
+# in a host family, but needing no GPU: the layout rules (only the shared expert's runtime format,
+# checked last, depends on the GPU)
+STATIC_IN_HOST_FAMILIES = {"capacity.layout"}
 
 
 HOST_FAMILIES = ("host.", "disk.", "capacity.", "known-bad.", "fleet.",
@@ -34,7 +38,8 @@ HOST_FAMILIES = ("host.", "disk.", "capacity.", "known-bad.", "fleet.",
 def _is_static(check_id: str) -> bool:
     """Every check but those of the host-dependent families: a new profile-level check counts as
     static unless it is listed here as needing the host."""
-    return not check_id.startswith(HOST_FAMILIES) and check_id not in HOST_ONLY
+    return check_id in STATIC_IN_HOST_FAMILIES or (
+        not check_id.startswith(HOST_FAMILIES) and check_id not in HOST_ONLY)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
