@@ -135,8 +135,13 @@ def render_file(measurements: Iterable[PoolMeasurement]) -> str:
 def parse_file(text: str, *, where: str) -> list[PoolMeasurement]:
     if not text.strip():
         return []
-    try:
-        doc = CalibrationFile.model_validate_json(text)
+    from orchestrator.host_data import HostDataError, bounded_json
+
+    try:  # host data (issue 31): bounded, finite, then the model
+        doc = CalibrationFile.model_validate(bounded_json(text, where))
+    except HostDataError as exc:
+        raise DsvError(exc.message, fix=f"reset it with `dsv4ctl calibrate --host HOST --reset` "
+                                        f"(removes {where})") from None
     except ValidationError as exc:
         raise DsvError(f"{where} is not a dsv4ctl calibration file: {exc.errors()[0]['msg']}",
                        fix=f"reset it with `dsv4ctl calibrate --host HOST --reset` (removes {where})"

@@ -57,15 +57,18 @@ class PoolMeasurement(_Frozen):
     difference to ``measured_tokens`` is memory the model does not explain.
     """
 
-    role: str  # engine | prefill | decode
-    engine_version: str
-    model_variant: str
-    measured_tokens: int  # max_total_num_tokens per rank (attention-DP worker)
-    model_tokens: int  # the uncalibrated model's prediction for the measured configuration
-    predicted_tokens: int  # what the applied plan predicted (calibrated or not)
-    bytes_per_token: float
-    mem_fraction_static: float | None = None
-    available_gpu_mem_gib: float | None = None  # the scheduler's available_gpu_mem after startup
+    # bounded (issue 31): the file comes back from the host, and 10**5000 or inf overflowed
+    # into tracebacks; 2**40 tokens per rank and 1 GiB per token are far past any real engine
+    role: str = Field(max_length=64)  # engine | prefill | decode
+    engine_version: str = Field(max_length=64)
+    model_variant: str = Field(max_length=128)
+    measured_tokens: int = Field(ge=0, le=1 << 40)  # max_total_num_tokens per rank (attn-DP worker)
+    model_tokens: int = Field(ge=0, le=1 << 40)  # the uncalibrated model's prediction
+    predicted_tokens: int = Field(ge=0, le=1 << 40)  # what the applied plan predicted
+    bytes_per_token: float = Field(gt=0, le=1 << 30, allow_inf_nan=False)
+    mem_fraction_static: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    available_gpu_mem_gib: float | None = Field(default=None, ge=0, le=1 << 20,
+                                                allow_inf_nan=False)  # after startup
     source: str  # "server_info", "server_info + log", "log FILE"
     release: str | None = None
     measured_at: str

@@ -22,6 +22,7 @@ one lock discipline; the seam, if it is split, is apply vs rollback.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -525,11 +526,14 @@ def _save_local(rec: ReleaseRecord) -> str:
     on the controller; the next apply or rollback puts it on the host (:func:`.preflight.reconcile`)."""
     from orchestrator.apply.preflight import local_record_path
 
-    path = local_record_path(rec.host, rec.id)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(rec.to_json(), encoding="utf-8")
-    except OSError as exc:
+        path = local_record_path(rec.host, rec.id)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # explicit mode, never through a planted link (issue 31): the journal names the host
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(rec.to_json())
+    except (OSError, DsvError) as exc:
         return f"(could not save it either: {exc})"
     return str(path)
 

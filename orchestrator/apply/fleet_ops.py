@@ -334,8 +334,12 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
         res = ops.remote(on).run(f"f=$(ls -1t {root}/*.json 2>/dev/null | head -n 1); "
                                  '[ -n "$f" ] && cat -- "$f"', timeout=30)
         if res.stdout.strip():
-            with contextlib.suppress(ValueError):
-                last = json.loads(res.stdout)
+            from orchestrator.host_data import fleet_journal
+
+            try:  # host data, checked (issue 31): a hostile journal crashed `status`
+                last = fleet_journal(res.stdout, f"the last fleet journal on host '{on}'")
+            except DsvError as exc:
+                last = {"kind": "unreadable", "reason": exc.message}
     except DsvError:
         pass
     finally:
@@ -379,8 +383,15 @@ def fleet_history(fleet: FleetPlan, hosts: dict[str, Host], *,
             "| sort); do tr -d '\\n' < \"$f\"; echo; done", timeout=60)
     finally:
         ops.close()
+    from orchestrator.host_data import fleet_journal
+
     out = []
-    for line in res.stdout.splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
+    for n, line in enumerate(res.stdout.splitlines(), 1):
+        # host data (issue 31): a hostile journal crashed `history`; one that is not a fleet
+        # journal is shown as unreadable, the others as they are
+        try:
+            out.append(fleet_journal(line, f"fleet journal {n} on host '{on}'"))
+        except DsvError as exc:
+            out.append({"kind": "unreadable", "started": "?", "exit_code": None,
+                        "stopped_after_wave": None, "reason": exc.message, "outcomes": []})
     return out

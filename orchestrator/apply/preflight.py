@@ -247,7 +247,9 @@ def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
         if rec.status != "applying":
             continue
         t = stamp(ctx.now())
-        saved = _local_record(rec.host, rec.id)
+        # the controller's own name for the host, never the record's (issue 31: a record's
+        # host '../../x' made the controller write, read and delete outside its state directory)
+        saved = _local_record(ctx.host_name, rec.id)
         if saved is not None and saved.status != "applying":
             # the run was not lost: it finished, but the host could not take its record
             saved.events.append(Event(time=t, kind="reconciled", detail=(
@@ -258,7 +260,7 @@ def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
             except DsvError as exc:
                 ctx.out(f"  (could not put the saved record of {rec.id} back: {exc.message})")
                 continue
-            local_record_path(rec.host, rec.id).unlink(missing_ok=True)
+            local_record_path(ctx.host_name, rec.id).unlink(missing_ok=True)
             ctx.out(f"  {rec.id}: its record ({saved.status}) was put back from the controller")
             out[-1] = saved
             continue
@@ -288,15 +290,24 @@ def local_record_path(host: str, release_id: str) -> Path:
     waits for the next run."""
     import os
 
+    from orchestrator.host_data import HostDataError, slug
+    from orchestrator.host_data import release_id as _rid
+
+    try:  # both are checked again here: nothing else may reach this controller path
+        slug(host)
+        _rid(release_id)
+    except ValueError as exc:
+        raise HostDataError(f"refusing a controller state path for host {host[:80]!r}, release "
+                            f"{release_id[:80]!r}: {exc}") from None
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     return base / "dsv4ctl" / "records" / host / f"{release_id}.json"
 
 
 def _local_record(host: str, release_id: str) -> ReleaseRecord | None:
+    path = local_record_path(host, release_id)
     try:
-        return ReleaseRecord.model_validate_json(
-            local_record_path(host, release_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return ReleaseRecord.from_host(path.read_bytes(), str(path))
+    except (OSError, DsvError):
         return None
 
 

@@ -193,6 +193,9 @@ def fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
 
 def _rollout_lines(r: dict[str, Any], prefix: str) -> None:
     """One fleet journal (a rollout or a fleet rollback): where it stopped, then each host."""
+    if r.get("kind") == "unreadable":  # a journal that is not dsv4ctl's (host data, checked)
+        _echo(f"{prefix}unreadable journal: {r.get('reason')}")
+        return
     stop = r.get("stopped_after_wave")
     where = ("completed" if stop is None else "stopped before the first switch"
              if stop < 0 else f"stopped after wave {stop + 1}")

@@ -66,9 +66,9 @@ def _abs_path(value: str) -> str:
         raise ValueError("must be an absolute path (starting with '/')")
     if any(part == ".." for part in value.split("/")):
         raise ValueError("must not contain '..' segments")
-    if len(value) > 1 and value.endswith("/"):
-        value = value.rstrip("/")
-    return value
+    # normalised before anything compares it (issue 31): `/srv/.`, `//etc` and `/./etc` name
+    # /srv and /etc, and passed the system-directory check as strings
+    return "/" + "/".join(part for part in value.split("/") if part not in ("", "."))
 
 
 def _safe_path(value: str) -> str:

@@ -12,14 +12,20 @@ import hashlib
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.facts import PoolMeasurement
+from orchestrator.host_data import HostDataError, bounded_json, release_id, slug
 from orchestrator.planner_model import Plan
 
 RECORD_FORMAT = 1
+
+# Ids and names a record holds, in their grammar (issue 31): a record comes back from the host, and
+# a hostile one named '../../x' as its host or id and the controller built paths from it
+ReleaseId = Annotated[str, AfterValidator(release_id)]
+HostName = Annotated[str, AfterValidator(slug)]
 
 StepResult = Literal["running", "ok", "failed", "skipped", "interrupted", "not-run"]
 Status = Literal[
@@ -59,7 +65,7 @@ class Event(BaseModel):
 
     time: str
     kind: Literal["rollback-to", "rolled-back-from", "health", "reconciled"]
-    other: str | None = None  # the other release involved
+    other: ReleaseId | None = None  # the other release involved
     result: Literal["ok", "failed"] = "ok"
     detail: str | None = None
 
@@ -92,17 +98,17 @@ class ReleaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: int = RECORD_FORMAT
-    id: str
+    id: ReleaseId
     created: str
-    host: str
+    host: HostName
     deployment: str
     profile_name: str
     plan_id: str
-    base_release: str | None  # what was current when the apply started
+    base_release: ReleaseId | None  # what was current when the apply started
     status: Status = "applying"
     reason: str = "apply"
     restarted_roles: list[str] = Field(default_factory=list)
-    rollback_target: str | None = None
+    rollback_target: ReleaseId | None = None
     journal: list[JournalEntry] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     user: str | None = None
@@ -130,6 +136,20 @@ class ReleaseRecord(BaseModel):
         entry.error = error
         if detail is not None:
             entry.detail = detail
+
+    @classmethod
+    def from_host(cls, text: str | bytes, what: str) -> ReleaseRecord:
+        """A record read back from a host (or the controller's state directory): bounded JSON,
+        then this model; :class:`HostDataError` naming ``what`` otherwise."""
+        data = bounded_json(text, what)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top)"
+            raise HostDataError(f"{what} is not a valid dsv4ctl record: {where}: {first['msg']}",
+                                fix="it was changed outside dsv4ctl (or is damaged); inspect it "
+                                    "on the host, move it aside and re-run") from None
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2) + "\n"

@@ -19,9 +19,8 @@ import tarfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from pydantic import ValidationError
-
 from orchestrator.errors import RemoteError
+from orchestrator.host_data import HostDataError
 from orchestrator.planner_model import PlannedFile
 from orchestrator.release.prune import select_prunable
 from orchestrator.release.record import ReleaseRecord
@@ -153,8 +152,11 @@ class ReleaseStore:
                 continue
             text = "\n".join(lines).strip()
             try:
-                records.append(ReleaseRecord.model_validate_json(text))
-            except ValidationError:
+                rec = ReleaseRecord.from_host(text, f"{RECORD} of {name}")
+                if rec.id != name:  # a record naming another release is not this one's
+                    raise HostDataError(f"{RECORD} of {name} names release {rec.id}")
+                records.append(rec)
+            except HostDataError:
                 records.append(ReleaseRecord(
                     id=name, created="?", host=self.shell.name, deployment="?", profile_name="?",
                     plan_id="?", base_release=None, status="failed",
@@ -170,7 +172,8 @@ class ReleaseStore:
     def read_record(self, release_id: str) -> ReleaseRecord:
         text = self.shell.check(f"cat {shlex.quote(self.path(release_id, RECORD))}", timeout=30,
                                 what=f"reading the record of {release_id}")
-        return ReleaseRecord.model_validate_json(text)
+        return ReleaseRecord.from_host(text, f"{RECORD} of {release_id} on host "
+                                             f"'{self.shell.name}'")
 
     def read_file(self, release_id: str, rel: str) -> str:
         return self.shell.check(f"cat {shlex.quote(self.path(release_id, rel))}", timeout=60,

@@ -47,6 +47,13 @@ dsv4_root() {
   [ -d "$1" ] || dsv4_refuse "$1" "it is not a directory"
   dsv4_trusted "$1"
   _p=$(cd -P -- "$1" && pwd -P) || dsv4_refuse "$1" "cannot enter it"
+  case $_p in
+    /|/home|/root|/opt|/srv|/var|/var/lib|/mnt|/media|/usr/local|/tmp|/var/tmp|\
+    /etc|/etc/*|/usr|/usr/*|/bin|/bin/*|/sbin|/sbin/*|/lib|/lib/*|/lib32|/lib32/*|/lib64|\
+    /lib64/*|/boot|/boot/*|/proc|/proc/*|/sys|/sys/*|/dev|/dev/*|/run|/run/*)
+      dsv4_refuse "$1" "its real path $_p is a system directory; use a dedicated one such as \
+/srv/dsv4" ;;
+  esac
   while [ "$_p" != / ]; do
     _p=${_p%/*}; [ -n "$_p" ] || _p=/
     dsv4_trusted "$_p"

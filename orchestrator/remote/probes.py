@@ -17,7 +17,6 @@ independent, so the length is the number of facts, not one tangled function.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -179,22 +178,30 @@ def model_command(paths: Sequence[str]) -> str:
     )
 
 
-_TOTAL_SIZE = re.compile(r'"total_size"\s*:\s*([0-9]+(?:\.[0-9]+)?)')
+_TOTAL_SIZE = re.compile(r'"total_size"\s*:\s*([0-9]{1,16}(?:\.[0-9]{1,6})?)(?![0-9.eE])')
+MAX_CHECKPOINT_BYTES = 1 << 50  # 1 PiB: far past any checkpoint, far below a float's range
 
 
 def parse_index_total_size(text: str) -> int:
-    """``metadata.total_size`` of a safetensors index: the exact bytes of all shards' tensors."""
+    """``metadata.total_size`` of a safetensors index: the exact bytes of all shards' tensors.
+    Host data (issue 31): bounded JSON, a finite whole number of bytes up to 1 PiB."""
+    from orchestrator.host_data import HostDataError, bounded_json
+
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
+        doc = bounded_json(text, INDEX_FILE)
+    except HostDataError:
         doc = None
     if isinstance(doc, dict):
         meta = doc.get("metadata")
-        if isinstance(meta, dict) and isinstance(meta.get("total_size"), int | float):
-            return int(meta["total_size"])
+        size = meta.get("total_size") if isinstance(meta, dict) else None
+        if isinstance(size, int | float) and not isinstance(size, bool):
+            if not 0 <= size <= MAX_CHECKPOINT_BYTES:
+                raise RemoteError(f"{INDEX_FILE} gives metadata.total_size {size:.6g}, outside "
+                                  f"0 to {MAX_CHECKPOINT_BYTES:,} bytes")
+            return int(size)
         raise RemoteError(f"{INDEX_FILE} has no metadata.total_size")
     m = _TOTAL_SIZE.search(text)  # a truncated or slightly malformed file still names its size
-    if m:
+    if m and float(m.group(1)) <= MAX_CHECKPOINT_BYTES:
         return int(float(m.group(1)))
     raise RemoteError(f"{INDEX_FILE} is not JSON and names no total_size")
 
@@ -363,25 +370,25 @@ def parse_current(stdout: str) -> tuple[str | None, dict[str, str]]:
 
 
 def manifest_hashes(text: str) -> dict[str, str]:
-    try:
-        doc = json.loads(text)
-        files = doc["files"]
-        return {str(p): str(v["sha256"]) for p, v in sorted(files.items())}
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise RemoteError(f"the current release's manifest.json is unreadable: {exc}",
-                          fix="run `dsv4ctl status` to see the host's state") from exc
+    """path -> sha256 of the current release's manifest (host data: bounded, paths checked)."""
+    return {p: sha for p, (sha, _) in _manifest(text).items()}
 
 
 def manifest_roles(text: str) -> dict[str, list[str]]:
     """path -> the roles that restart when it changes, for the files of a manifest that have any
     (the transition model needs them to know which unit runs which role)."""
+    return {p: list(roles) for p, (_, roles) in _manifest(text).items() if roles}
+
+
+def _manifest(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    from orchestrator.host_data import HostDataError, manifest_files
+
     try:
-        files = json.loads(text)["files"]
-        return {str(p): [str(r) for r in v.get("roles") or ()]
-                for p, v in sorted(files.items()) if v.get("roles")}
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise RemoteError(f"the current release's manifest.json is unreadable: {exc}",
-                          fix="run `dsv4ctl status` to see the host's state") from exc
+        return manifest_files(text, "the current release's manifest.json")
+    except HostDataError as exc:
+        raise RemoteError(f"the current release's manifest.json is unreadable: "
+                          f"{exc.message.split(': ', 1)[-1]}",
+                          fix="run `dsv4ctl status` to see the host's state") from None
 
 
 def probe_current(shell: Shell, install_root: str

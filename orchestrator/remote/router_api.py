@@ -72,11 +72,19 @@ class RouterWorker:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RouterWorker:
-        port = d.get("bootstrap_port")
-        return cls(id=str(d.get("id", "")), url=_norm(str(d.get("url", ""))),
-                   worker_type=str(d.get("worker_type", "regular")).lower(),
-                   is_healthy=bool(d.get("is_healthy")), load=int(d.get("load") or 0),
-                   bootstrap_port=int(port) if isinstance(port, int) else None)
+        """One entry of ``GET /workers``; host data (issue 31): every field of its type and in
+        range, else :class:`RouterApiError` (a hostile answer crashed ``status``)."""
+        port, load = d.get("bootstrap_port"), d.get("load") or 0
+        wid, url, kind = d.get("id", ""), d.get("url", ""), d.get("worker_type", "regular")
+        if not (isinstance(wid, str) and len(wid) <= 256 and isinstance(url, str)
+                and len(url) <= 2048 and isinstance(kind, str) and len(kind) <= 32
+                and isinstance(load, int) and not isinstance(load, bool) and 0 <= load <= 1 << 32
+                and (port is None or (isinstance(port, int) and 0 < port < 65536))):
+            raise RouterApiError(f"the router's worker list has an entry that is not a worker: "
+                                 f"{str(d)[:200]!r}", fix="is this sglang-router 0.3.2?")
+        return cls(id=wid, url=_norm(url), worker_type=kind.lower(),
+                   is_healthy=d.get("is_healthy") is True, load=load,
+                   bootstrap_port=port if isinstance(port, int) else None)
 
 
 @dataclass(frozen=True)
@@ -111,9 +119,11 @@ class RouterApi:
             raise RouterApiError(f"{self.name} (port {self.port}): {method} {path} got no answer: "
                                  f"{exc}", fix="check that the router unit runs and listens on "
                                  "that port") from None
-        try:
-            data = resp.json()
-        except (ValueError, UnicodeDecodeError):
+        from orchestrator.host_data import HostDataError, bounded_json
+
+        try:  # bounded, finite JSON (issue 31); not JSON reads as no answer body
+            data = bounded_json(resp.body, f"{self.name}'s answer to {method} {path}")
+        except HostDataError:
             data = None
         return resp.status, data
 
@@ -211,9 +221,12 @@ def engine_inflight(metrics_text: str) -> int:
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in INFLIGHT_GAUGES:
             try:
-                total += float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
                 continue
+            if not 0 <= value <= 1 << 32:  # NaN, inf and negatives are not request counts
+                continue
+            total += value
             seen = True
     if not seen:
         raise ValueError("no sglang:num_running_reqs on /metrics (is --enable-metrics set?)")
