@@ -99,7 +99,7 @@ def test_calibration_with_a_non_finite_or_huge_number_is_a_clean_error(number: s
     doc = ('{"format": 1, "measurements": [{"role": "decode", "engine_version": "0.5.23", '
            '"model_variant": "v", "measured_tokens": %s, "model_tokens": 1, '
            '"predicted_tokens": 1, "bytes_per_token": 7087.0, "source": "log", '
-           '"measured_at": "t"}]}') % number
+           '"measured_at": "t"}]}').replace("%s", number)
     with pytest.raises(DsvError) as exc:
         parse_file(doc, where="/srv/dsv4/calibration.json")
     assert "/srv/dsv4/calibration.json" in exc.value.render()
@@ -109,9 +109,9 @@ def test_calibration_with_a_non_finite_or_huge_number_is_a_clean_error(number: s
                                   "10000000000000000000000"])
 def test_a_model_index_with_a_non_finite_or_huge_size_is_a_clean_error(size: str) -> None:
     with pytest.raises(DsvError):
-        parse_index_total_size('{"metadata": {"total_size": %s}, "weight_map": {}}' % size)
+        parse_index_total_size(f'{{"metadata": {{"total_size": {size}}}, "weight_map": {{}}}}')
     with pytest.raises(DsvError):  # the truncated-file fallback too
-        parse_index_total_size('{"metadata": {"total_size": %s, "weight_map": {' % size)
+        parse_index_total_size(f'{{"metadata": {{"total_size": {size}, "weight_map": {{')
 
 
 def test_a_real_model_index_still_reads() -> None:
