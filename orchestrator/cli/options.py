@@ -37,15 +37,45 @@ def route_library_logs(verbose: bool) -> None:
     log.propagate = False
 
 
-def verbose_option(help_text: str = "Show what libraries log (SSH handshakes) on stderr.") -> Any:
-    """``-v/--verbose`` for the commands that touch a host: routes library logs to stderr."""
+DETAIL_HELP = ("Show what the summary leaves out: info checks, rule sources, and the diffs of "
+               "files that restart nothing.")
+DEBUG_HELP = "Show what libraries log (SSH handshakes, key exchange) on stderr."
+
+
+def detail_option() -> Any:
+    """``-v/--verbose``, the one meaning on every command that has it: more detail in the text
+    output (:data:`DETAIL_HELP`). Library logs are ``--debug``'s."""
+    return click.option("-v", "--verbose", is_flag=True, help=DETAIL_HELP)
+
+
+def debug_option() -> Any:
+    """``--debug``: route library logs (paramiko) to stderr."""
 
     def _set(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
         route_library_logs(bool(value))
         return bool(value)
 
-    return click.option("-v", "--verbose", is_flag=True, callback=_set, expose_value=False,
-                        help=help_text)
+    return click.option("--debug", is_flag=True, callback=_set, expose_value=False,
+                        help=DEBUG_HELP)
+
+
+def verbose_option() -> Any:
+    """The commands that touch a host: ``--debug`` for library logs, and ``-v`` refused with the
+    way to what it used to show (it meant library logs here, more detail elsewhere)."""
+
+    def _refuse(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            raise click.UsageError(
+                "-v/--verbose shows more detail on validate, plan and diff; this command's "
+                "library logs (SSH) are behind --debug", ctx=ctx)
+        return False
+
+    def deco(fn: Any) -> Any:
+        fn = debug_option()(fn)
+        return click.option("-v", "--verbose", is_flag=True, expose_value=False, hidden=True,
+                            callback=_refuse)(fn)
+
+    return deco
 
 
 class TokenCount(click.ParamType):

@@ -85,8 +85,11 @@ def fold(line: str, cols: int) -> list[str]:
                          replace_whitespace=False) or [line[:cols]]
 
 
-def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool = False) -> None:
-    """Print ``message``: folded to the width and coloured on a terminal, unless ``raw``."""
+def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool = False,
+         wrap: bool = True) -> None:
+    """Print ``message``: folded to the width and coloured on a terminal, unless ``raw``.
+    ``wrap=False``: coloured on a terminal but never folded (a unified diff must still apply as
+    a patch; only prose is fitted to the terminal)."""
     text = "" if message is None else str(message)
     if raw:
         click.echo(text, nl=nl, err=err)
@@ -99,7 +102,7 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         lines = lines[:-1]
     out: list[str] = []
     for line in lines:
-        out += fold(line.rstrip(), cols)
+        out += fold(line.rstrip(), cols) if wrap else [line]
     body = "\n".join(out) + ("\n" if trailing or nl else "")
     if not (console.is_terminal and console.color_system) or console.no_color:
         click.echo(body, nl=False, err=err)
@@ -116,6 +119,13 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
                     t.stylize(style, m.start(), m.end())
             console.print(t, end="")
     console.file.flush()
+
+
+def echo_blocks(blocks: list[tuple[str, bool]]) -> None:
+    """Print text made of prose (folded) and verbatim blocks (``(text, True)``: file diffs, code),
+    which keep their lines whole."""
+    for text, verbatim in blocks:
+        echo(text, nl=False, wrap=not verbatim)
 
 
 FORMAT_HELP = "Output format."  # every command's --format help starts so (test_cli_flags.py)

@@ -14,8 +14,15 @@ from typing import Any
 import click
 
 from orchestrator.cli.apply_cmd import accept_new_host_key_opt
-from orchestrator.cli.options import host_option, inventory_option, profile_option
-from orchestrator.cli.output import echo, format_option, table
+from orchestrator.cli.options import (
+    debug_option,
+    detail_option,
+    host_option,
+    inventory_option,
+    profile_option,
+)
+from orchestrator.cli.output import echo, echo_blocks, format_option, table
+from orchestrator.cli.rerun import Target
 from orchestrator.errors import ExitCode
 
 
@@ -31,7 +38,7 @@ _inventory_opt = inventory_option()
 @_profile_arg(required=False)
 @profile_option(operand="profile")
 @_inventory_opt
-@click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+@detail_option()
 @format_option(("text", "json"))
 def validate(profile: Path | None, inventory: Path | None, verbose: bool, fmt: str) -> int:
     """Check a profile without a host: its shape, and every check `plan` makes that needs no host
@@ -99,7 +106,8 @@ def schema(inventory_schema: bool) -> int:
               help="Save the plan (with file contents) for `dsv4ctl apply PLAN.json`.")
 @click.option("--detailed-exitcode", is_flag=True,
               help="Exit 2 when the plan has changes, 0 when none (1 on errors).")
-@click.option("-v", "--verbose", is_flag=True, help="Also show info checks and rule sources.")
+@detail_option()
+@debug_option()
 @click.option("--explain", is_flag=True,
               help="Also show the arithmetic per role: every term of a GPU's memory (adding up to "
                    "its capacity), the KV pool's bytes per token term by term, page rounding.")
@@ -131,30 +139,26 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
         echo(f"note: --host {host_name} planned against declared facts; add --live to probe it "
              "over SSH", err=True)
     if live:
-        from orchestrator.cli.options import route_library_logs
-
-        route_library_logs(verbose)
         from orchestrator.remote import gather_facts  # fabric: only when probing
 
         paths = [fctx.profile.model.path]
         facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths),
                             only=fctx.focus)
     result = plan_fleet(fctx, facts)
+    saved = None
     if out is not None:
-        from orchestrator.planner.build import save_plan
-
-        save_plan(result.plans[0] if len(result.plans) == 1 else result, out)
+        saved = _save(result, out, Target(profile, inventory, host_name))
     if fmt == "json":
         echo(render_fleet_json(result), nl=False, raw=True)
-    elif fmt == "markdown":
-        echo(render_fleet_markdown(result), nl=False)
+    elif fmt == "markdown":  # a document: never folded to the terminal
+        echo(render_fleet_markdown(result), nl=False, raw=True)
         if explain:
             from orchestrator.planner.explain import render_explain
 
             for p in result.plans:
                 if p.capacity:
                     echo(f"<details><summary>Explain{'' if len(result.plans) == 1 else ' ' + p.host}"
-                         f"</summary>\n\n```\n{render_explain(p)}```\n\n</details>")
+                         f"</summary>\n\n```\n{render_explain(p)}```\n\n</details>", raw=True)
     else:
         echo(render_fleet_text(result, verbose=verbose), nl=False)
         if explain:
@@ -165,13 +169,33 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
                     continue
                 echo("\nExplain:" if len(result.plans) == 1 else f"\nExplain ({p.host}):")
                 echo(render_explain(p), nl=False)
-        if out is not None:
-            echo(f"Saved plan to {out}. Apply it with: dsv4ctl apply {out}")
+        if saved is not None:  # the command on a line of its own, whole: copied, it runs
+            echo_blocks([(saved[0] + "\n", False)] + ([("  " + saved[1] + "\n", True)]
+                                                       if saved[1] else []))
     if result.errors:
         return int(ExitCode.ERROR)
     if detailed_exitcode and result.has_changes:
         return int(ExitCode.CHANGES)
     return 0
+
+
+def _save(result: Any, out: Path, target: Target) -> tuple[str, str | None]:
+    """Save the plan ``-o`` asked for when apply could run it, and say what was done (and the
+    command to run next): a plan with errors is not written (apply refuses it), one of declared
+    facts is written for review only (apply needs the live host's), and only an applyable one is
+    advertised with the apply command."""
+    from orchestrator.planner.build import save_plan
+
+    if result.errors:
+        return (f"Not saved to {out}: the plan has {len(result.errors)} error(s), and apply "
+                "refuses a plan with errors; fix them and plan again.", None)
+    save_plan(result.plans[0] if len(result.plans) == 1 else result, out)
+    if any(p.facts_source != "probed" for p in result.plans):
+        return (f"Saved plan to {out} for review only: it was made from the inventory's declared "
+                "facts, and apply needs one made against the host:",
+                target.command("plan", "--live", "-o", str(out)))
+    return (f"Saved plan to {out}. Apply it with:",
+            target.command("apply", str(out), with_profile=False))
 
 
 @click.command()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.options import host_option, inventory_option, profile_option
-from orchestrator.cli.output import echo, format_option
+from orchestrator.cli.options import detail_option, host_option, inventory_option, profile_option
+from orchestrator.cli.output import echo, echo_blocks, format_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
 
 
@@ -205,8 +205,7 @@ def _git_show(rev: str, path: Path) -> tuple[str, str]:
 @_inventory_opt
 @click.option("--context", "-U", "context", type=click.IntRange(0, 1000), default=3,
               show_default=True, help="Lines of context in the file diffs.")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Show the diffs of every file, not only those that restart a role.")
+@detail_option()
 @format_option(("text", "markdown", "json"),
                help_text="markdown suits a pull-request comment; json has the actions and counts "
                          "`plan --format json` has.")
@@ -229,7 +228,7 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
     names (default: the fleet's first host).
     """
     from orchestrator.planner.transition import between, outage, release_from_planned
-    from orchestrator.render.diff import format_json, format_markdown, format_text, review
+    from orchestrator.render.diff import format_json, format_markdown, review, text_blocks
 
     if rev is not None:
         if len(profiles) != 1:
@@ -255,8 +254,10 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
                plans=(a.plan, b.plan), context=context)
     if fmt == "json":
         echo(format_json(d), nl=False, raw=True)
+    elif fmt == "markdown":  # a document for a PR comment: never folded (tables, bullets, diffs)
+        echo(format_markdown(d, verbose=verbose), nl=False, raw=True)
     else:
-        echo((format_markdown if fmt == "markdown" else format_text)(d, verbose=verbose), nl=False)
+        echo_blocks(text_blocks(d, verbose=verbose))
     if detailed_exitcode and d.actions:  # exit 2 when applying NEW over OLD would do something
         return int(ExitCode.CHANGES)
     return 0

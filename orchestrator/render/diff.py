@@ -227,8 +227,15 @@ def _consequences(d: ReviewDiff) -> list[str]:
 
 
 def format_text(d: ReviewDiff, *, verbose: bool = False) -> str:
+    return "".join(text for text, _ in text_blocks(d, verbose=verbose))
+
+
+def text_blocks(d: ReviewDiff, *, verbose: bool = False) -> list[tuple[str, bool]]:
+    """The text review as ``(text, verbatim)`` blocks: the prose may be fitted to a terminal,
+    each file's unified diff is verbatim (folding it would break it as a patch)."""
     if not d.has_changes:
-        return "No differences.\n"
+        return [("No differences.\n", False)]
+    blocks: list[tuple[str, bool]] = []
     out: list[str] = []
     restart_files = [f for f in d.files if f.roles]
     out.append(f"Diff: {len(d.fields)} field(s) changed, {len(d.files)} file(s) differ.")
@@ -258,12 +265,16 @@ def format_text(d: ReviewDiff, *, verbose: bool = False) -> str:
     for f in shown:
         if f.diff:
             out.append("")
-            out.append(f.diff.rstrip("\n"))
+            blocks.append(("\n".join(out) + "\n", False))
+            out = []
+            blocks.append((f.diff.rstrip("\n") + "\n", True))
     hidden = len([f for f in d.files if f.diff]) - len([f for f in shown if f.diff])
     if hidden:
         out.append("")
         out.append(f"({hidden} diff(s) of files that restart nothing hidden; -v shows them)")
-    return "\n".join(out) + "\n"
+    if out:
+        blocks.append(("\n".join(out) + "\n", False))
+    return blocks
 
 
 def _longest_backticks(text: str) -> int:

@@ -1,5 +1,5 @@
 """Connecting to something that is not a working sshd fails at once, in one clean line with the real
-cause, and paramiko's own tracebacks stay out of the output (they go to stderr only with -v).
+cause, and paramiko's own tracebacks stay out of the output (they go to stderr only with --debug).
 
 Local TCP servers stand in for the broken hosts: one accepts and never speaks, one answers text that
 is not SSH, and a closed port refuses. Each counts the connections it accepted, so "not retried" is
@@ -120,10 +120,10 @@ def test_refused_port_says_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _clean(err)
 
 
-def test_verbose_shows_the_library_log(tmp_path: Path, silent: _Server,
+def test_debug_shows_the_library_log(tmp_path: Path, silent: _Server,
                                        capfd: pytest.CaptureFixture[str]) -> None:
-    assert _status(tmp_path, silent.port, "-v") == 1
+    assert _status(tmp_path, silent.port, "--debug") == 1
     err = capfd.readouterr().err
     assert "paramiko.transport" in err
-    assert _status(tmp_path, silent.port) == 1  # and the next run without -v is quiet again
+    assert _status(tmp_path, silent.port) == 1  # and the next run without --debug is quiet again
     _clean(capfd.readouterr().err)
