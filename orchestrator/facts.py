@@ -80,6 +80,15 @@ class PoolMeasurement(_Frozen):
         return round((self.model_tokens - self.measured_tokens) * self.bytes_per_token)
 
 
+class EngineEnvFact(_Frozen):
+    """The engine environment's trust check on the host (remote.hostfs.check_engine_env): owner
+    and mode along the whole real path of the env, its bin/ and its interpreter, and nothing
+    inside it writable by others. ``problem``: the host's refusal, None when it passed."""
+
+    path: str
+    problem: str | None = None
+
+
 class Facts(_Frozen):
     source: Literal["declared", "probed"]
     host: str
@@ -100,6 +109,9 @@ class Facts(_Frozen):
         default_factory=dict,
         description="path -> roles that restart when it changes (from the current manifest; only "
                     "files with roles)")
+    engine_env: EngineEnvFact | None = Field(
+        default=None, description="the engine environment's owner/mode check (probed only); not "
+        "part of the fingerprint: apply checks it again itself before running anything from it")
     latest_release: str | None = Field(
         default=None, description="the newest release on the host, whatever its outcome: a plan "
         "made after a failed attempt differs from one made before it (issue 20 #8)")
@@ -113,6 +125,7 @@ class Facts(_Frozen):
         changed. Apply compares free space with what the plan needs instead
         (``apply.preflight.stale_reason``)."""
         data = self.model_dump(mode="json")
+        del data["engine_env"]  # apply re-checks it on the host, under the lock (preflight)
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had
         if data["latest_release"] is None:  # fingerprints of facts without it stay as they were

@@ -30,7 +30,8 @@ def _connect(host_name: str, host: Host) -> Any:
     return connect(host_name, host)
 
 
-def probe_for_apply(host_name: str, host: Host, model_path: str) -> tuple[Any, Any]:
+def probe_for_apply(host_name: str, host: Host, model_path: str,
+                    engine_env: str | None = None) -> tuple[Any, Any]:
     """(open connection, facts) for ``dsv4ctl apply PROFILE``: the probe's connection is kept for
     the apply that follows (one SSH handshake, not two: issue 20 #10). Pass it to
     :func:`apply_plan`, which closes it; close it yourself if you do not apply."""
@@ -38,7 +39,8 @@ def probe_for_apply(host_name: str, host: Host, model_path: str) -> tuple[Any, A
 
     remote = _connect(host_name, host)
     try:
-        return remote, collect_facts(remote, host_name, host, model_paths=[model_path])
+        return remote, collect_facts(remote, host_name, host, model_paths=[model_path],
+                                     engine_env=engine_env)
     except BaseException:
         remote.close()
         raise

@@ -156,9 +156,12 @@ def preflight(ctx: Context, step: Any) -> Outcome:
 
 
 def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> Outcome:
-    from orchestrator.remote.probes import collect_facts
+    from orchestrator.remote.probes import collect_facts, require_engine_env
 
     assert ctx.deployment is not None
+    # before anything runs from it (issue 31): the kernels step runs its python as the deploying
+    # user, the units as the service user
+    require_engine_env(shell, ctx.deployment.engine_env, ctx.host_name)
     if ctx.saved_plan:
         ctx.out("  probing the host to check the saved plan is still current")
         facts = collect_facts(shell, ctx.host_name, ctx.host,
@@ -318,6 +321,9 @@ def rollback_preflight(ctx: Context, step: Any) -> Outcome:
             raise StepFailed(f"release {ctx.target} is incomplete on the host: {rel} is missing",
                              fix="pick another release from `dsv4ctl history`")
     ctx.target_files, ctx.deployment, ctx.profile = load_release(ctx.store, ctx.target)
+    from orchestrator.remote.probes import require_engine_env
+
+    require_engine_env(ctx.remote, ctx.deployment.engine_env, ctx.host_name)
     missing = [p for p in ctx.target_files if p.startswith("units/")
                and not ctx.store.exists(ctx.target, p)]
     if missing:

@@ -100,7 +100,11 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
                      f"{shlex.quote(release)} && rm -f {shlex.quote(tgz)}", timeout=120,
                      what="unpacking the kernels package into the release")
     ctx.out(f"  dsv4-kernels ({digest}) into {dest}")
-    # The engine env's python with the release's kernels first on its path, as the engine runs
+    # The engine env's python with the release's kernels first on its path, as the engine runs;
+    # checked right before it runs (issue 31: a replaced bin/python ran as the deploying user)
+    from orchestrator.remote.probes import require_engine_env
+
+    require_engine_env(ctx.remote, ctx.deployment.engine_env, ctx.host_name)
     py = f"PYTHONPATH={shlex.quote(dest)} {shlex.quote(f'{ctx.deployment.engine_env}/bin/python')}"
     # The .pth activation hook (kernels/dsv4_kernels/sglang_hook.py) in the engine env: one line
     # that imports dsv4_kernels.sglang_hook from the engine's path (the release's copy). The

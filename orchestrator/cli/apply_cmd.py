@@ -185,7 +185,8 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
         ctx = load_context(path, inventory, host_override=host_name)
         name, host = ctx.host_name, ctx.host
         _echo(f"Probing host '{name}' ({host.address})...")
-        remote, facts = probe_for_apply(name, host, ctx.profile.model.path)
+        remote, facts = probe_for_apply(name, host, ctx.profile.model.path,
+                                           engine_env=ctx.profile.engine.env)
         saved = False
         try:
             plan = plan_from_paths(path, inventory, facts=facts, host_override=host_name)

@@ -65,8 +65,9 @@ def fleet_source(path: Path, inventory: Path | None, host_name: str | None
 
     names = [n for n, _ in fctx.all_hosts]
     _echo(f"Probing {len(names)} hosts in parallel ({', '.join(names)})...")
-    paths = [fctx.profile.model.path]
-    facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths))
+    paths, env = [fctx.profile.model.path], fctx.profile.engine.env
+    facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths,
+                                                              engine_env=env))
     fleet = plan_fleet(fctx, facts)
     echo(render_fleet_text(fleet), nl=False)  # what is about to happen, as `plan` shows it
     return fleet, dict(fctx.all_hosts), fctx.profile, False

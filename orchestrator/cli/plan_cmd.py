@@ -141,8 +141,9 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
     if live:
         from orchestrator.remote import gather_facts  # fabric: only when probing
 
-        paths = [fctx.profile.model.path]
-        facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths),
+        paths, env = [fctx.profile.model.path], fctx.profile.engine.env
+        facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths,
+                                                                  engine_env=env),
                             only=fctx.focus)
     result = plan_fleet(fctx, facts)
     saved = None

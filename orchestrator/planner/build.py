@@ -24,6 +24,7 @@ from orchestrator.planner import capacity, rules
 from orchestrator.planner.checks import (
     apply_acknowledgements,
     disk_rows,
+    engine_env_checks,
     host_key_checks,
     host_topology_checks,
     secrets_checks,
@@ -174,6 +175,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     checks += host_key_checks(ctx.host_name, ctx.host)
     checks += secrets_checks(dep)
     checks += exposure_checks(dep)
+    checks += engine_env_checks(dep, facts)
     checks = apply_acknowledgements(
         checks, [(a.id, a.reason) for a in ctx.profile.acknowledge])
     checks = sort_checks(locate_checks(checks, ctx.profile_text, str(ctx.profile_path)))

@@ -264,6 +264,30 @@ def host_key_checks(host_name: str, host: Host) -> list[Check]:
         subject=host_name)]
 
 
+def engine_env_checks(dep: Deployment, facts: Facts) -> list[Check]:
+    """The engine environment's owner/mode check, as the probe saw it (issue 31): whoever can
+    write the env's ``bin/python`` runs code as the deploying user when apply runs it (the kernels
+    step), and as the service user at every start. Declared facts cannot see it: apply checks it
+    on the host before anything runs from it either way."""
+    env = facts.engine_env
+    if env is None or not dep.roles:
+        return []
+    if env.problem is None:
+        return [check(
+            "host.engine-env-trusted", "info", "engine environment checked",
+            f"{env.path}, its bin/ and its interpreter are owned by the deploying user or root "
+            "and not writable by group or others along their whole real paths, and nothing "
+            "inside it is writable by others", subject="engine.env", field="engine.env")]
+    return [check(
+        "host.engine-env-untrusted", "error", "engine environment others can change",
+        f"the engine environment {env.path} is not safe to run: {env.problem}",
+        "give the environment (and every directory above it) to root or the deploying user and "
+        "chmod go-w it (e.g. `chown -R root: ENV && chmod -R go-w ENV`), or point engine.env at "
+        "one that is; dsv4ctl runs nothing from it until then",
+        subject="engine.env", field="engine.env", source="OpenSSH sshd StrictModes; sudo "
+        "refuses files others can write for the same reason")]
+
+
 def secrets_checks(dep: Deployment) -> list[Check]:
     """A plan carries the names of the profile's secrets, never their values (nor a digest of them:
     a hash of a short key can be searched offline), so it cannot show a rotated value. apply

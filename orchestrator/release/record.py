@@ -12,20 +12,15 @@ import hashlib
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.facts import PoolMeasurement
 from orchestrator.host_data import HostDataError, bounded_json, release_id, slug
 from orchestrator.planner_model import Plan
 
 RECORD_FORMAT = 1
-
-# Ids and names a record holds, in their grammar (issue 31): a record comes back from the host, and
-# a hostile one named '../../x' as its host or id and the controller built paths from it
-ReleaseId = Annotated[str, AfterValidator(release_id)]
-HostName = Annotated[str, AfterValidator(slug)]
 
 StepResult = Literal["running", "ok", "failed", "skipped", "interrupted", "not-run"]
 Status = Literal[
@@ -65,7 +60,7 @@ class Event(BaseModel):
 
     time: str
     kind: Literal["rollback-to", "rolled-back-from", "health", "reconciled"]
-    other: ReleaseId | None = None  # the other release involved
+    other: str | None = None  # the other release involved
     result: Literal["ok", "failed"] = "ok"
     detail: str | None = None
 
@@ -98,17 +93,17 @@ class ReleaseRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: int = RECORD_FORMAT
-    id: ReleaseId
+    id: str
     created: str
-    host: HostName
+    host: str
     deployment: str
     profile_name: str
     plan_id: str
-    base_release: ReleaseId | None  # what was current when the apply started
+    base_release: str | None  # what was current when the apply started
     status: Status = "applying"
     reason: str = "apply"
     restarted_roles: list[str] = Field(default_factory=list)
-    rollback_target: ReleaseId | None = None
+    rollback_target: str | None = None
     journal: list[JournalEntry] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     user: str | None = None
@@ -142,14 +137,30 @@ class ReleaseRecord(BaseModel):
         """A record read back from a host (or the controller's state directory): bounded JSON,
         then this model; :class:`HostDataError` naming ``what`` otherwise."""
         data = bounded_json(text, what)
+        fix = ("it was changed outside dsv4ctl (or is damaged); inspect it on the host, move it "
+               "aside and re-run")
         try:
-            return cls.model_validate(data)
+            rec = cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top)"
             raise HostDataError(f"{what} is not a valid dsv4ctl record: {where}: {first['msg']}",
-                                fix="it was changed outside dsv4ctl (or is damaged); inspect it "
-                                    "on the host, move it aside and re-run") from None
+                                fix=fix) from None
+        # ids and names in their grammar (issue 31): a hostile record named '../../x' as its
+        # host or id, and the controller built paths from it
+        named = [("id", rec.id, release_id), ("host", rec.host, slug),
+                 ("base_release", rec.base_release, release_id),
+                 ("rollback_target", rec.rollback_target, release_id),
+                 *((f"events.{i}.other", e.other, release_id) for i, e in enumerate(rec.events))]
+        for where, value, grammar in named:
+            if value is None:
+                continue
+            try:
+                grammar(value)
+            except ValueError as exc:
+                raise HostDataError(f"{what} is not a valid dsv4ctl record: {where}: {exc}",
+                                    fix=fix) from None
+        return rec
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2) + "\n"

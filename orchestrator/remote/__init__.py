@@ -21,16 +21,19 @@ from orchestrator.profile.inventory import Host
 __all__ = ["gather_facts"]
 
 
-def gather_facts(host_name: str, host: Host, *, model_paths: Iterable[str] = ()) -> Facts:
+def gather_facts(host_name: str, host: Host, *, model_paths: Iterable[str] = (),
+                 engine_env: str | None = None) -> Facts:
     """Probe inventory host ``host_name`` over SSH and return its :class:`Facts`.
 
     ``model_paths``: checkpoint directories to measure besides the inventory's declared ones (pass
     the profile's ``model.path``). A saved plan's stale check re-probes with the plan's model path,
     so the planner should pass exactly ``[profile.model.path]`` for the fingerprints to be
-    comparable.
+    comparable. ``engine_env``: the profile's ``engine.env``, whose owner and mode are checked
+    (the plan shows the result).
     """
     from orchestrator.remote.connection import connect
     from orchestrator.remote.probes import collect_facts
 
     with connect(host_name, host) as remote:
-        return collect_facts(remote, host_name, host, model_paths=model_paths)
+        return collect_facts(remote, host_name, host, model_paths=model_paths,
+                             engine_env=engine_env)

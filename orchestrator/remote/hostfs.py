@@ -11,6 +11,9 @@ under ``install_root`` runs first (they are sent with the command, nothing is in
   with the same owner and mode rules, created with ``MODE`` when missing; a symbolic link there
   (a planted ``secrets`` or ``releases/<id>``) is refused, never followed.
 - ``dsv4_nolink PATH``: the file about to be written is not a symbolic link.
+- ``dsv4_env ENV``: the engine environment, its ``bin/`` and its interpreter pass the same owner and
+  mode rules along their whole real paths, and nothing inside it is writable by group or others
+  (:func:`check_engine_env`); checked before anything runs from it.
 
 A refusal exits with :data:`REFUSED_RC` and prints ``dsv4ctl refuses PATH: REASON`` on stderr, which
 the callers' errors carry to the user. Files themselves are written by
@@ -33,9 +36,10 @@ dsv4_trusted() {
   _me=$(id -u)
   [ "$_o" = 0 ] || [ "$_o" = "$_me" ] || dsv4_refuse "$1" \
     "it is owned by uid $_o, not by the deploying user (uid $_me) or root; chown it or \
-choose another install_root"
+choose another ${2:-install_root}"
   [ $(( 0$_m & 022 )) -eq 0 ] || dsv4_refuse "$1" \
-    "it is writable by group or others (mode $_m); chmod go-w it or choose a dedicated install_root"
+    "it is writable by group or others (mode $_m); chmod go-w it or choose a dedicated \
+${2:-install_root}"
 }
 dsv4_nolink() {
   if [ -L "$1" ]; then dsv4_refuse "$1" \
@@ -58,6 +62,36 @@ dsv4_root() {
     _p=${_p%/*}; [ -n "$_p" ] || _p=/
     dsv4_trusted "$_p"
   done
+}
+dsv4_chain() {
+  _p=$(cd -P -- "$1" && pwd -P) || dsv4_refuse "$1" "cannot enter it"
+  while :; do
+    dsv4_trusted "$_p" "engine environment (engine.env)"
+    [ "$_p" != / ] || break
+    _p=${_p%/*}; [ -n "$_p" ] || _p=/
+  done
+}
+dsv4_env() {
+  [ -d "$1" ] || dsv4_refuse "$1" "the engine environment is not a directory on the host"
+  dsv4_chain "$1"
+  [ -d "$1/bin" ] || dsv4_refuse "$1/bin" "the engine environment has no bin/"
+  dsv4_chain "$1/bin"
+  _i=$1/bin/python
+  [ -e "$_i" ] || dsv4_refuse "$_i" "the engine environment has no interpreter"
+  _n=0
+  while [ -L "$_i" ]; do
+    _n=$((_n + 1)); [ $_n -le 40 ] || dsv4_refuse "$_i" "too many levels of links"
+    _o=$(stat -c %u -- "$_i")
+    [ "$_o" = 0 ] || [ "$_o" = "$(id -u)" ] || dsv4_refuse "$_i" \
+      "this link is owned by uid $_o, not by the deploying user or root"
+    _t=$(readlink -- "$_i"); case $_t in /*) _i=$_t ;; *) _i=${_i%/*}/$_t ;; esac
+  done
+  dsv4_trusted "$_i" "engine environment (engine.env)"
+  dsv4_chain "${_i%/*}"
+  _w=$(find "$1" -xdev ! -type l \( -perm -0002 -o -perm -0020 -o \
+    \( ! -uid 0 ! -uid "$(id -u)" \) \) -print -quit 2>/dev/null)
+  [ -z "$_w" ] || dsv4_refuse "$_w" "it is inside the engine environment and writable by group \
+or others, or owned by another user: whoever can change it runs code as the deploying user"
 }
 dsv4_dir() {
   _d=$1; _rest=$2
@@ -82,6 +116,16 @@ def _q(*words: str) -> str:
 def check_root(root: str) -> str:
     """A command that verifies (and creates) the install root."""
     return f"{PRELUDE}\ndsv4_root {_q(root)}"
+
+
+def check_engine_env(env: str) -> str:
+    """A command that verifies the engine environment before anything runs from it: the env, its
+    ``bin/`` and the interpreter (every link on the way and its real target) owned by the deploying
+    user or root and not writable by group or others, and so is every ancestor of their real
+    paths; nothing inside the env writable by group or others or owned by another user. The same
+    rule as the install root (OpenSSH's StrictModes and sudo refuse such files too): whoever can
+    replace ``bin/python`` runs code as the deploying user."""
+    return f"{PRELUDE}\ndsv4_env {_q(env.rstrip('/') or '/')}"
 
 
 def ensure_dirs(root: str, *rels: str, mode: str = "0755") -> str:

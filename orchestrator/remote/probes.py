@@ -26,7 +26,15 @@ from typing import Protocol
 from orchestrator.calibration import CALIBRATION_FILE
 from orchestrator.calibration import parse_file as parse_calibration
 from orchestrator.errors import RemoteError
-from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, PoolMeasurement, UnitFact
+from orchestrator.facts import (
+    DiskFact,
+    EngineEnvFact,
+    Facts,
+    GpuFact,
+    ModelFact,
+    PoolMeasurement,
+    UnitFact,
+)
 from orchestrator.profile.inventory import Host
 from orchestrator.release_ids import sort_ids
 
@@ -475,20 +483,59 @@ class _Replay:
         return res if res is not None else self.shell.run(command, timeout=timeout)
 
 
-def facts_command(host: Host, model_paths: Iterable[str], token: str) -> str:
+def facts_command(host: Host, model_paths: Iterable[str], token: str, *,
+                  engine_env: str | None = None) -> str:
     """The one command :func:`collect_facts` runs (``token``: its result separator)."""
-    return batch_command(_fact_commands(host, model_paths), token)
+    return batch_command(_fact_commands(host, model_paths, engine_env), token)
 
 
-def _fact_commands(host: Host, model_paths: Iterable[str]) -> list[str]:
+def _fact_commands(host: Host, model_paths: Iterable[str], engine_env: str | None = None
+                   ) -> list[str]:
     disk_paths, models = probe_paths(host, model_paths)
-    return [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
+    cmds = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
             units_command(host.scope), current_command(host.install_root),
             calibration_command(host.install_root)]
+    return cmds + ([engine_env_command(engine_env)] if engine_env else [])
+
+
+def engine_env_command(env: str) -> str:
+    """The engine environment's owner/mode check (:func:`orchestrator.remote.hostfs.
+    check_engine_env`), as a probe."""
+    from orchestrator.remote import hostfs
+
+    return hostfs.check_engine_env(env)
+
+
+def require_engine_env(shell: Shell, env: str, host_name: str) -> None:
+    """Raise :class:`RemoteError` unless the engine environment passes its check: called before
+    anything runs from it (apply's and rollback's preflight, the kernels step)."""
+    fact = probe_engine_env(shell, env)
+    if fact.problem is not None:
+        raise RemoteError(
+            f"dsv4ctl runs nothing from the engine environment {env} on host '{host_name}': "
+            f"{fact.problem}",
+            fix="give the environment (and every directory above it) to root or the deploying "
+                "user and chmod go-w it, or point engine.env at one that is; nothing was changed "
+                "by this step")
+
+
+def probe_engine_env(shell: Shell, env: str) -> EngineEnvFact:
+    """Whether the engine environment passes the check, and the host's reason when it does not."""
+    from orchestrator.remote import hostfs
+
+    res = shell.run(engine_env_command(env), timeout=120)
+    if res.ok:
+        return EngineEnvFact(path=env)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dsv4ctl refuses ")]
+    if res.rc == hostfs.REFUSED_RC and lines:
+        return EngineEnvFact(path=env, problem=lines[-1][len("dsv4ctl refuses "):][:500])
+    return EngineEnvFact(path=env, problem=f"the check could not run (exit {res.rc}): "
+                                          f"{(res.stderr or res.stdout).strip()[:300]}")
 
 
 def collect_facts(shell: Shell, host_name: str, host: Host, *,
-                  model_paths: Iterable[str] = (), token: str | None = None) -> Facts:
+                  model_paths: Iterable[str] = (), token: str | None = None,
+                  engine_env: str | None = None) -> Facts:
     """Run every probe through ``shell`` in one round trip and assemble :class:`Facts`.
     ``token``: the result separator, given when the command was run ahead
     (:func:`facts_command`; apply's preflight batches it with its own reads)."""
@@ -496,7 +543,7 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
 
     model_paths = list(model_paths)
     disk_paths, models = probe_paths(host, model_paths)
-    commands = _fact_commands(host, model_paths)
+    commands = _fact_commands(host, model_paths, engine_env)
     token = token or "@@dsv4-" + secrets.token_hex(8)
     res = shell.run(batch_command(commands, token), timeout=180)
     if not res.ok:
@@ -519,4 +566,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         calibration=probe_calibration(shell, host.install_root),
         current_roles=roles,
         latest_release=latest,
+        engine_env=probe_engine_env(shell, engine_env) if engine_env else None,
     )

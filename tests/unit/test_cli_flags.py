@@ -120,7 +120,7 @@ def test_plan_host_picks_the_host_and_live_probes_it(monkeypatch: pytest.MonkeyP
 
     seen: list[str] = []
 
-    def fake(name, host, model_paths=()):  # type: ignore[no-untyped-def]
+    def fake(name, host, model_paths=(), engine_env=None):  # type: ignore[no-untyped-def]
         seen.append(name)
         return declared_facts(name, host).model_copy(update={"source": "probed"})
 

@@ -394,7 +394,7 @@ def test_plan_live_probes_every_host_and_host_probes_one(
 
     seen: list[str] = []
 
-    def fake(name, host, model_paths=()):  # type: ignore[no-untyped-def]
+    def fake(name, host, model_paths=(), engine_env=None):  # type: ignore[no-untyped-def]
         seen.append(name)
         return declared_facts(name, host).model_copy(update={"source": "probed"})
 

@@ -37,6 +37,17 @@ exit 99
 """
 
 
+@pytest.fixture(autouse=True)
+def env_checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The step checks the engine env before running its python (issue 31); the check itself
+    (tests/unit/test_hostile_engine_env.py) rightly refuses an env under pytest's /tmp, so here it
+    only records that it was asked, and the fake python records that it ran after."""
+    asked: list[str] = []
+    monkeypatch.setattr("orchestrator.remote.probes.require_engine_env",
+                        lambda shell, env, host: asked.append(env))
+    return asked
+
+
 def make_ctx(tmp: Path, selftest: bool) -> Context:
     env = tmp / "env"
     (env / "bin").mkdir(parents=True)
@@ -67,7 +78,7 @@ def outcome(tmp: Path, rc: int, report: dict[str, Any], selftest: bool = True) -
     return install_kernels(ctx, None), ctx
 
 
-def test_kernels_installed_and_selftest_passes(tmp_path: Path) -> None:
+def test_kernels_installed_and_selftest_passes(tmp_path: Path, env_checked: list[str]) -> None:
     res, _ = outcome(tmp_path, 0, {"passed": True, "gpus": ["NVIDIA H200"]})
     assert "self-test passed" in res.detail and '"passed":true' in res.detail
     # issue 20 item 6: the package lives in the release, nothing is pip-installed into the env
@@ -81,6 +92,7 @@ def test_kernels_installed_and_selftest_passes(tmp_path: Path) -> None:
     hook = (tmp_path / "env" / "hook.log").read_text()
     assert f"PYTHONPATH={pkg} " in hook and "sglang_hook install" in hook
     assert kernels_source().name == "kernels"
+    assert env_checked == [str(tmp_path / "env")]
 
 
 def test_kernels_hook_refusal_fails_the_step(tmp_path: Path) -> None:
