@@ -28,6 +28,7 @@ from orchestrator.planner.checks import (
     host_key_checks,
     host_topology_checks,
     secrets_checks,
+    ssh_user_checks,
 )
 from orchestrator.planner.exposure import exposure_checks
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
@@ -173,6 +174,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
                                        dep.model_variant)
         checks += disk_checks
     checks += host_key_checks(ctx.host_name, ctx.host)
+    checks += ssh_user_checks(ctx.host_name, ctx.host)
     checks += secrets_checks(dep)
     checks += exposure_checks(dep)
     checks += engine_env_checks(dep, facts)

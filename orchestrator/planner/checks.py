@@ -264,6 +264,20 @@ def host_key_checks(host_name: str, host: Host) -> list[Check]:
         subject=host_name)]
 
 
+def ssh_user_checks(host_name: str, host: Host) -> list[Check]:
+    """A root SSH user runs every command of apply with every privilege: a warning naming the
+    alternative (issue 31; the schema's default is not root)."""
+    who = [("user", host.user)] + ([("jump.user", host.jump.user)] if host.jump else [])
+    return [check(
+        "host.ssh-root", "warning", "SSH user is root",
+        f"host {host_name} is reached as root ({field}: root): every command dsv4ctl runs there, "
+        "and every file it reads back, has every privilege on the host",
+        "use an unprivileged deploying user: one that owns install_root and the engine env, with "
+        "sudo rights for systemctl (scope: system) or its own systemd --user (scope: user); "
+        "the default is dsv4", subject=host_name)
+        for field, user in who if user == "root"]
+
+
 def engine_env_checks(dep: Deployment, facts: Facts) -> list[Check]:
     """The engine environment's owner/mode check, as the probe saw it (issue 31): whoever can
     write the env's ``bin/python`` runs code as the deploying user when apply runs it (the kernels

@@ -75,7 +75,8 @@ class PresentModel(_Strict):
 
 class JumpHost(_Strict):
     address: HostName = Field(description="The jump host's DNS name or IP address.")
-    user: UserName = Field(default="root", description="SSH user on the jump host.")
+    user: UserName = Field(default="dsv4", description="SSH user on the jump host (not root "
+                           "by default: least privilege).")
     port: Port | Literal[22] = Field(default=22, description="SSH port of the jump host.")
 
 
@@ -105,7 +106,11 @@ def _dedicated_root(value: str) -> str:
 
 class Host(_Strict):
     address: HostName = Field(description="DNS name or IP address used for SSH.")
-    user: UserName = Field(default="root", description="SSH user.")
+    user: UserName = Field(
+        default="dsv4",
+        description="SSH user: the deploying user. Not root by default (least privilege): a user "
+        "that owns install_root and the engine env, with sudo rights for systemctl in system "
+        "scope, or its own `systemd --user` in user scope. root works and is a warning.")
     port: Port | Literal[22] = Field(default=22, description="SSH port.")
     key: AbsPath | None = Field(
         default=None, description="Private key file on the controller; default: ssh agent/keys."

@@ -157,3 +157,31 @@ def test_user_scope_needs_no_service_user() -> None:
 
 def test_dsverror_is_the_base() -> None:
     assert issubclass(StepFailed, DsvError)
+
+
+# ------------------------------------------------------ issue 31: the SSH user is not root ---
+
+def test_the_schema_default_ssh_user_is_not_root() -> None:
+    from orchestrator.profile.inventory import Host, JumpHost
+
+    assert Host(address="h", gpus=None).user != "root"
+    assert JumpHost(address="j").user != "root"
+
+
+def test_a_root_ssh_user_is_a_warning_naming_the_alternative(tmp_path: Path) -> None:
+    import yaml
+
+    from orchestrator.paths import data_dir
+    from orchestrator.planner.build import plan_from_paths
+
+    profiles = data_dir("profiles")
+    inv = yaml.safe_load((profiles / "inventory.yaml").read_text())
+    inv["hosts"]["gpu-host"]["user"] = "root"
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "p.yaml").write_text((profiles / "default.yaml").read_text())
+    plan = plan_from_paths(tmp_path / "p.yaml")
+    (c,) = [c for c in plan.checks if c.id == "host.ssh-root"]
+    assert c.severity == "warning" and "user: root" in c.message
+    assert "unprivileged deploying user" in (c.fix or "") and "sudo" in (c.fix or "")
+    shipped = plan_from_paths(profiles / "default.yaml")
+    assert "host.ssh-root" not in {c.id for c in shipped.checks}
