@@ -16,8 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.kernel_paths import OpPath
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import (
+    KERNEL_OPS,
     ColocatedTopology,
     PDTopology,
     PrefillRole,
@@ -95,6 +97,9 @@ class RoleDeployment(_Frozen):
     # --host: loopback unless something on another host must reach this engine (a fleet's router
     # or PD peer elsewhere), then the host's service address, never 0.0.0.0
     listen: str = LOOPBACK
+    # the path each hooked op runs (orchestrator/kernel_paths.decide; empty until decided, and
+    # an undecided role runs the engine's own paths everywhere)
+    kernels: tuple[OpPath, ...] = ()
 
     @property
     def url(self) -> str:
@@ -150,9 +155,10 @@ class Deployment(_Frozen):
     transfer_backend: str | None
     roles: tuple[RoleDeployment, ...]
     router: RouterDeployment | None
-    kernels_enabled: bool
+    # the profile's kernels.<op> (auto | engine | bundled); kernel_paths.decide turns them into
+    # each role's paths
+    kernel_choices: tuple[tuple[str, str], ...]
     kernels_selftest: bool
-    kernels_bf16_gemms: bool  # kernels.bf16_gemms, and only when kernels.enabled
     secret_names: tuple[str, ...]  # names only; values never enter a plan
     # fleets (issue 23): every engine host of the fleet, and the host whose release runs the
     # router (`router` above is set on that host only); a fleet of one leaves both empty
@@ -163,6 +169,11 @@ class Deployment(_Frozen):
     def pd(self) -> bool:
         """Prefill/decode disaggregation (on this host a role may be one of the two, or none)."""
         return self.transfer_backend is not None
+
+    @property
+    def kernels_enabled(self) -> bool:
+        """Whether any role runs a bundled kernel (then the release ships and activates them)."""
+        return any(p.path == "bundled" for r in self.roles for p in r.kernels)
 
     def role(self, name: str) -> RoleDeployment:
         for r in self.roles:
@@ -315,9 +326,8 @@ def resolve(profile: Profile, host_name: str, host: Host, *, default_index_topk:
         transfer_backend=transfer,
         roles=roles,
         router=router,
-        kernels_enabled=profile.kernels.enabled,
+        kernel_choices=tuple((op, getattr(profile.kernels, op)) for op in KERNEL_OPS),
         kernels_selftest=profile.kernels.selftest,
-        kernels_bf16_gemms=profile.kernels.enabled and profile.kernels.bf16_gemms,
         secret_names=tuple(sorted(profile.secrets)),
         fleet=place.hosts if fleet else (),
         router_on=place.router_on if fleet else None,

@@ -89,6 +89,33 @@ class EngineEnvFact(_Frozen):
     problem: str | None = None
 
 
+class KernelTiming(_Frozen):
+    """One contender of one op at one shape, as ``dsv4ctl qualify kernels`` measured it."""
+
+    op: str  # attention | indexer | mhc_pre
+    contender: str  # flashinfer, sglang-triton, tilelang, sglang-torch, sglang-fp32, bundled
+    shape: str  # "decode B=64", "prefill T=8192", "indexer B=64 ctx=32768", "mhc B=64"
+    status: Literal["ok", "unavailable", "wrong", "failed"]
+    us: float | None = None  # median of CUDA-graph replays, cold L2
+    error: float | None = None  # relative error against the reference
+    detail: str | None = None  # why unavailable/wrong/failed (an import error, the GPU)
+
+
+class KernelQualification(_Frozen):
+    """The host's measurement of the hooked ops for one role (``<install_root>/
+    kernels-qualification.json``; :mod:`orchestrator.kernel_paths` decides from it)."""
+
+    role: str
+    host: str
+    measured_at: str
+    engine_version: str
+    gpu: str  # the nvidia-smi name of the GPU it ran on
+    compute_cap: str
+    shape: dict[str, int]  # kernel_paths.role_shape of the role it was measured for
+    timings: list[KernelTiming]
+    runner: str  # the module and kernels digest that measured
+
+
 class Facts(_Frozen):
     source: Literal["declared", "probed"]
     host: str
@@ -105,6 +132,9 @@ class Facts(_Frozen):
     # The host's last pool measurement per (role, engine version, model variant): what the
     # planner calibrates its KV-pool prediction with (orchestrator/calibration.py).
     calibration: list[PoolMeasurement] = Field(default_factory=list)
+    # The host's last kernel measurement per role (``dsv4ctl qualify kernels``): which path each
+    # hooked op takes under auto (orchestrator/kernel_paths.py).
+    kernel_qualification: list[KernelQualification] = Field(default_factory=list)
     current_roles: dict[str, list[str]] = Field(
         default_factory=dict,
         description="path -> roles that restart when it changes (from the current manifest; only "
@@ -128,6 +158,8 @@ class Facts(_Frozen):
         del data["engine_env"]  # apply re-checks it on the host, under the lock (preflight)
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had
+        if not data["kernel_qualification"]:
+            del data["kernel_qualification"]  # likewise hosts never qualified
         if data["latest_release"] is None:  # fingerprints of facts without it stay as they were
             del data["latest_release"]
         for disk in data["disks"]:

@@ -18,7 +18,13 @@ executes, checks the original function's parameter list and replaces it:
   call);
 * ``sglang.kernels.ops.layernorm.mhc.mhc_fused_post_pre`` (every mHC sublayer boundary on
   sm_120; ``deepseek_v4.get_mhc_ops`` imports it on first use) by ``sglang_mhc``, the bf16
-  tensor-core mHC pre GEMM of issue 25, only when ``DSV4_KERNELS_BF16_GEMMS=1`` as well.
+  tensor-core mHC pre GEMM.
+
+Which of the three ops are patched: ``DSV4_KERNELS_OPS`` (comma list of ``attention``,
+``indexer``, ``mhc_pre``), which dsv4ctl renders per role from its decision of which path each op
+runs (orchestrator/kernel_paths.py); an op not listed keeps SGLang's function. Unset (an env
+file of a release made before per-op choices), the hook patches attention and indexer, and
+mhc_pre only with ``DSV4_KERNELS_BF16_GEMMS=1``, as those releases expect.
 
 This module imports neither torch nor triton until a target module is actually loaded, so the
 ``.pth`` line costs microseconds in every other Python process of that environment.
@@ -41,7 +47,8 @@ from collections.abc import Sequence
 from typing import Any
 
 ENV_VAR = "DSV4_KERNELS_SGLANG"
-BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"
+OPS_ENV = "DSV4_KERNELS_OPS"
+BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"  # releases before OPS_ENV: mhc_pre on/off
 SUPPORTED_VERSION = "0.5.23"
 PTH_NAME = "dsv4_kernels_sglang.pth"
 # the engine log line dsv4ctl status reads (orchestrator/apply/kernels_seen.py spells it too)
@@ -63,8 +70,12 @@ TARGETS: dict[str, dict[str, str]] = {
         "mhc_fused_post_pre": "sglang_mhc.mhc_fused_post_pre",
     },
 }
-# modules patched only when a second switch is on as well (the profile's kernels.bf16_gemms)
-GATES: dict[str, str] = {"sglang.kernels.ops.layernorm.mhc": BF16_GEMMS_ENV}
+# the op (DSV4_KERNELS_OPS) each target module belongs to
+OPS: dict[str, str] = {
+    "sglang.kernels.ops.attention.flash_mla_sm120_triton": "attention",
+    "sglang.srt.layers.attention.dsv4.indexer": "indexer",
+    "sglang.kernels.ops.layernorm.mhc": "mhc_pre",
+}
 
 _state: dict[str, Any] = {"active": False, "patched": [], "refused": []}
 
@@ -100,9 +111,24 @@ def _replacement(name: str) -> Any:
     return getattr(importlib.import_module(f"{__package__}.{mod or 'sglang_compat'}"), attr)
 
 
+def active_ops() -> frozenset[str]:
+    """The ops this process patches (``DSV4_KERNELS_OPS``; unset: the pre-per-op behaviour)."""
+    listed = os.environ.get(OPS_ENV)
+    if listed is None:
+        legacy = {"attention", "indexer"}
+        if os.environ.get(BF16_GEMMS_ENV, "0") not in ("", "0"):
+            legacy.add("mhc_pre")
+        return frozenset(legacy)
+    ops = {o.strip() for o in listed.split(",") if o.strip()}
+    unknown = sorted(ops - set(OPS.values()))
+    if unknown:
+        _log(f"{OPS_ENV} names unknown ops {unknown}; known: {sorted(set(OPS.values()))}")
+    return frozenset(ops & set(OPS.values()))
+
+
 def _gated_off(module_name: str) -> bool:
-    gate = GATES.get(module_name)
-    return gate is not None and os.environ.get(gate, "0") in ("", "0")
+    op = OPS.get(module_name)
+    return op is not None and op not in active_ops()
 
 
 def patch_module(module: types.ModuleType) -> list[str]:
@@ -185,6 +211,8 @@ def activate(force: bool = False) -> bool:
     # which kernels this engine runs: dsv4ctl ships them inside each release and the engine
     # imports them through `current`, so the resolved path names the release (issue 20 item 6)
     _log(f"{ACTIVE_LOG} (pid {os.getpid()}): kernels from {loaded_from()}")
+    # on its own line: dsv4ctl reads the one above up to its end (apply/kernels_seen.py)
+    _log(f"ops {','.join(sorted(active_ops())) or 'none'} (from {OPS_ENV})")
     for name in TARGETS:
         mod = sys.modules.get(name)
         if mod is not None:
@@ -199,7 +227,7 @@ def loaded_from() -> str:
 
 def status() -> dict[str, Any]:
     """What the hook did in this process."""
-    return {"env": os.environ.get(ENV_VAR), "sglang": sglang_version(),
+    return {"env": os.environ.get(ENV_VAR), "ops": sorted(active_ops()), "sglang": sglang_version(),
             "supported": SUPPORTED_VERSION, "loaded_from": loaded_from(), **_state}
 
 

@@ -163,8 +163,16 @@ def check_rederived(plan: Plan, profile: Any, host_name: str, host: Host) -> Non
     from orchestrator.render import render_release
 
     fix = f"re-plan: dsv4ctl plan --host {host_name} --live -o PLAN.json (never edit a saved plan)"
+    from orchestrator.catalog import load_catalog
+    from orchestrator.kernel_paths import with_planned_paths
+
     try:
         dep = resolve_deployment(PlanContext(profile, None, "", host_name, host, None))
+        # the kernel paths were decided from the facts the plan was made with (a measurement
+        # on the host; apply re-checks those facts by fingerprint): take them from the plan,
+        # each checked to be one the catalog renders (no env of the plan's own reaches a file)
+        dep = with_planned_paths(load_catalog().engine(dep.engine_name, dep.engine_version),
+                                 dep, plan.deployment)
         tree = render_release(profile, dep)
     except DsvError as exc:
         raise StalePlan(f"saved plan is stale: its own profile no longer plans: {exc.message}",

@@ -117,7 +117,7 @@ class Context:
     def condition(self, name: str) -> tuple[bool, str]:
         assert self.deployment is not None and self.profile is not None
         if name == "kernels_enabled":
-            return self.deployment.kernels_enabled, "kernels.enabled is false in the profile"
+            return self.deployment.kernels_enabled, "no role runs a bundled kernel (kernels.<op>)"
         if name == "qualify_configured":
             return self.profile.health.qualify is not None, "health.qualify is not set"
         raise KeyError(name)

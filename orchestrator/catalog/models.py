@@ -314,6 +314,58 @@ class KnownBad(_Strict):
         return True
 
 
+KernelOp = Literal["attention", "indexer", "mhc_pre"]
+
+
+class KernelOpPaths(_Sourced):
+    """One hooked op on the GPUs where the hook's entry points are reached: what SGLang runs
+    there by default, what the bundled kernel replaces, and the env that routes SGLang to it."""
+
+    engine: str  # the engine's own path, as plan names it
+    engine_contender: str  # its name in a `qualify kernels` fact
+    engine_tensor_cores: bool  # False: the engine has no tensor-core path for this op there
+    bundled: str
+    bundled_env: dict[str, str]  # besides the hook's own switches
+    note: str | None = None
+
+
+class KernelPathLimit(_Strict):
+    """Where the engine's own path for an op cannot serve a role (it aborts or refuses)."""
+
+    id: str
+    op: KernelOp
+    title: str
+    when: dict[str, list[str | int | bool]]
+    upstream: list[str] = Field(min_length=1)
+    source: str = Field(min_length=1)
+    confidence: Confidence
+    note: str | None = None
+
+    def matches(self, facts: dict[str, object]) -> bool:
+        """Every condition met (``<name>_not``: not one of these; ``<name>_gt``: above the one
+        value); a condition whose fact is absent does not match."""
+        for key, allowed in self.when.items():
+            if key.endswith("_gt"):
+                v = facts.get(key[:-3])
+                if not isinstance(v, int) or not v > int(allowed[0]):
+                    return False
+                continue
+            negate = key.endswith("_not")
+            name = key[: -len("_not")] if negate else key
+            if name not in facts or (facts[name] in allowed) == negate:
+                return False
+        return True
+
+
+class KernelPaths(_Sourced):
+    """Which path each hooked op takes (orchestrator/kernel_paths.py decides from this)."""
+
+    archs: list[Arch]  # where SGLang reaches the entry points the hook replaces
+    decode_max_rows: Fact[int]  # above this many query rows a call takes the prefill kernel
+    ops: dict[KernelOp, KernelOpPaths]
+    limits: list[KernelPathLimit]
+
+
 class PdTransferBackend(_Sourced):
     id: str
     needs: list[str]
@@ -369,6 +421,7 @@ class EngineRules(_Strict):
     moe_runners: list[MoeRunnerRule]
     moe_path_cost: dict[PathKind, MoePathCost]
     known_bad: list[KnownBad]
+    kernel_paths: KernelPaths
     pd_transfer_backends: list[PdTransferBackend]
     speculative: list[SpeculativeRule]
     flags: FlagTable

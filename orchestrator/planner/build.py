@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import __version__
+from orchestrator import __version__, kernel_paths
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
 from orchestrator.deployment import Deployment, Placement, resolve
 from orchestrator.errors import InputError, Problem, ProfileError
@@ -134,13 +134,37 @@ def catalog_entries(cat: Catalog, profile: Profile, ctx_path: str, text: str = "
 
 
 def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
+    """The profile resolved for the host, each role's kernel paths decided from the inventory's
+    GPU model and no measurement (``build_plan`` decides again from the facts it plans with)."""
     cat = cat or load_catalog()
-    _, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
+    engine, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
     config = cat.config_of(model)
-    return resolve(ctx.profile, ctx.host_name, ctx.host,
-                   default_index_topk=config.index_topk.value,
-                   max_context_length=config.max_position_embeddings.value,
-                   placement=ctx.placement)
+    dep = resolve(ctx.profile, ctx.host_name, ctx.host,
+                  default_index_topk=config.index_topk.value,
+                  max_context_length=config.max_position_embeddings.value,
+                  placement=ctx.placement)
+    arch = None
+    gpus = getattr(ctx.host, "gpus", None)  # validate's stand-in host declares none
+    if gpus is not None:
+        try:
+            arch = cat.gpu(gpus.model).arch
+        except UnknownCatalogEntry:  # reported by the plan's GPU checks
+            arch = None
+    return decide_kernels(cat, model, engine, dep, arch, None)
+
+
+def decide_kernels(cat: Catalog, model: ModelVariant, engine: EngineRules, dep: Deployment,
+                   arch: str | None, facts: Facts | None) -> Deployment:
+    """Each role's kernel paths (orchestrator.kernel_paths, the one owner), from the host's
+    probed GPUs and stored kernel measurement when ``facts`` has them."""
+    used = {g for r in dep.roles for g in r.gpus}
+    names: tuple[str, ...] = ()
+    measured: list[Any] = []
+    if facts is not None and facts.source == "probed":
+        names = tuple(sorted({g.name for g in facts.gpus if g.index in used}))
+        measured = list(facts.kernel_qualification)
+    return kernel_paths.decide(engine, dep, arch, cat.config_of(model).num_attention_heads.value,
+                               dict(dep.kernel_choices), measured, names)
 
 
 def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None, *,
@@ -164,6 +188,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
     if dep.roles:  # a fleet's router-only host needs no GPU and no checkpoint
         gpu_checks, gpu = capacity.host_gpu(cat, facts, dep)
         checks += gpu_checks
+        dep = decide_kernels(cat, model, engine, dep, gpu.arch if gpu else None, facts)
         if gpu is not None and not any(c.severity == "error" for c in checks):
             role_caps, gpu_rows, cap_checks = capacity.plan_capacity(
                 cat, engine, model, dep, ctx.profile, gpu, facts)

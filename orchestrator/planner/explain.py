@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.planner.report import symbol_legend
+from orchestrator.planner.report import kernel_lines, symbol_legend
 from orchestrator.planner_model import Plan, RoleCapacity
 
 LEGEND = f"Legend: {symbol_legend()}  mfs = mem_fraction_static"
@@ -196,4 +196,5 @@ def render_explain(plan: Plan, sections: list[SectionFn] | None = None) -> str:
             out.append(f"  {sec.title}:")
             out += [f"    {line}" for line in sec.lines]
         out.append("")
+    out += kernel_lines(plan, sources=True)
     return "\n".join(out).rstrip("\n") + "\n"

@@ -116,9 +116,9 @@ class HeadroomInputs:
     #: with: SGLANG_OPT_USE_TILELANG_INDEXER -> tilelang; else SGLANG_FP8_PAGED_MQA_LOGITS_TORCH
     #: -> the sm_120 torch function (or dsv4ctl's kernel hooked in its place); else DeepGEMM.
     #: sglang 0.5.23 sets both env vars on sm_120 unless given (arg_groups/model_hook.py
-    #: L495-502), so an RTX PRO 6000 runs TileLang out of the box; dsv4ctl's kernels.enabled
-    #: renders SGLANG_OPT_USE_TILELANG_INDEXER=0 so that its hooked kernel runs (planner/outside.py
-    #: reads the role's rendered env).
+    #: L495-502), so an RTX PRO 6000 runs TileLang out of the box; where a role's indexer takes the
+    #: bundled path (orchestrator/kernel_paths.py) render writes SGLANG_OPT_USE_TILELANG_INDEXER=0
+    #: so that the hooked kernel runs (planner/outside.py reads the role's rendered env).
     indexer_path: IndexerPath = "deepgemm"
     #: SGLANG_FP8_PAGED_MQA_LOGITS_TORCH: with it set, ``PagedIndexerMetadata`` builds no DeepGEMM
     #: schedule and never row-chunks the logits, whatever the path (dsv4/metadata.py L207-212).

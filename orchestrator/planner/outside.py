@@ -39,8 +39,11 @@ def headroom_inputs(cat: Catalog, engine: EngineRules, model: ModelVariant, dep:
     env = _engine_env(engine, dep, role, gpu)
     tilelang = _truthy(env.get("SGLANG_OPT_USE_TILELANG_INDEXER"))
     torch_env = _truthy(env.get("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"))
+    # the torch function is dsv4ctl's kernel where the role's indexer takes the bundled path
+    # (orchestrator/kernel_paths.py decided it; render wrote the env read here)
+    hooked = any(p.op == "indexer" and p.path == "bundled" for p in role.kernels)
     path = ("deepgemm" if dep.fp4_indexer else "tilelang" if tilelang else
-            ("dsv4-kernels" if dep.kernels_enabled else "torch-sm120") if torch_env and
+            ("dsv4-kernels" if hooked else "torch-sm120") if torch_env and
             gpu.arch == "sm_120" else "deepgemm")
     return hr.HeadroomInputs(
         gpu_total_bytes=gpu.total_bytes, mem_fraction_static=mfs, tp=role.tp,

@@ -153,6 +153,7 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
                 lines += textwrap.wrap(f"{c.role}: {c.calibrated}", 98, initial_indent="  ",
                                        subsequent_indent="    ")
         lines.append("")
+    lines += kernel_lines(plan)
     if plan.disks:
         lines.append("Disk:")
         rows = []
@@ -204,6 +205,27 @@ def _downtime(plan: Plan) -> str:
             "to them fail for minutes, until they are ready again")
 
 
+def kernel_lines(plan: Plan, *, sources: bool = False) -> list[str]:
+    """Which path each hooked op runs per role, and why (orchestrator/kernel_paths.py decided;
+    ``sources``: each reason's source as well, for ``--explain``)."""
+    rows = [(r.name, p) for r in plan.deployment.roles for p in r.kernels]
+    if not rows:
+        return []
+    out = ["Kernels per role (`kernels.<op>`: auto | engine | bundled):"]
+    out += _table(["role", "op", "path", "runs"], [[r, p.op, p.path, p.runs] for r, p in rows])
+    for r, p in rows:
+        out += textwrap.wrap(f"{r} {p.op}: {p.why}", 98, initial_indent="  ",
+                             subsequent_indent="    ")
+        if p.measured and p.measured != p.why:
+            out += textwrap.wrap(f"measurement: {p.measured}", 98, initial_indent="    ",
+                                 subsequent_indent="      ")
+        if sources:
+            out += textwrap.wrap(f"source: {p.source}", 98, initial_indent="    ",
+                                 subsequent_indent="      ")
+    out.append("")
+    return out
+
+
 def render_markdown(plan: Plan) -> str:
     dep = plan.deployment
     lines = [
@@ -225,6 +247,11 @@ def render_markdown(plan: Plan) -> str:
         lines += ["", " ".join(GPU_TABLE_LEGEND), ""]
     lines += [f"- KV pool of {c.role} {c.calibrated}" for c in plan.capacity if c.calibrated]
     if any(c.calibrated for c in plan.capacity):
+        lines.append("")
+    paths = [(r.name, p) for r in plan.deployment.roles for p in r.kernels]
+    if paths:
+        lines += ["| role | op | path | why |", "|---|---|---|---|"]
+        lines += [f"| {r} | {p.op} | {p.path} | {p.why.replace('|', '/')} |" for r, p in paths]
         lines.append("")
     shown = [c for c in plan.checks if c.severity != "info"]
     if shown:

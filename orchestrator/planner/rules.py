@@ -69,6 +69,7 @@ def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
             source=cfg.max_position_embeddings.source))
     out += _speculative(engine, model, dep)
     out += _trust_remote_code(engine, dep)
+    out += _legacy_kernel_keys(profile)
     # a field the engine rules already reject is not reported again as a flag of each command line
     reported = {c.field for c in out if c.severity == "error"}
     out += [c for c in _flags(dep, profile) if c.field not in reported]
@@ -90,60 +91,59 @@ def gpu_engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, de
         runner_rules = {f"known-bad.{kb.id}" for kb in engine.known_bad
                         if "moe_runner" in kb.when or "moe_runner_not" in kb.when}
         bad = [c for c in bad if c.id not in runner_rules]
-    return out + _kernel_paths(dep, gpu) + _bf16_gemms(cat, model, dep, gpu) + bad
+    return out + _kernel_paths(dep, gpu) + bad
 
 
 def _kernel_paths(dep: Deployment, gpu: HostGpu) -> list[Check]:
-    """What kernels.enabled changes in the engine on sm_120: the SGLang paths the rendered env
-    (render.KERNEL_ENV) routes to the bundled kernels, and why each variable is there."""
-    if not dep.kernels_enabled or gpu.arch != "sm_120":
-        return []
-    from orchestrator.render import KERNEL_ENV
+    """What the kernel-path decision (orchestrator/kernel_paths.py, made before these checks)
+    asks the operator to know: an op kept on the engine's path outside what it supports, a
+    bundled choice with no effect on this GPU, a stored measurement that does not apply."""
+    out: list[Check] = []
+    seen: set[tuple[str, str]] = set()
+    for role in dep.roles:
+        for p in role.kernels:
+            field = f"kernels.{p.op}"
+            if p.choice == "engine" and "outside what it supports" in p.why:
+                out.append(check(
+                    "kernels.engine-path-unsupported", "warning",
+                    f"{p.op} kept on the engine's path where it fails",
+                    f"{role.name}: {p.why}", f"set {field}: auto (the bundled kernel serves it), "
+                    "or set attn_dp equal to tp on the role so each rank keeps 64 heads",
+                    subject=f"{role.name}.{p.op}", field=field, source=p.source))
+            if p.choice == "bundled" and p.path == "engine":
+                out.append(check(
+                    "kernels.bundled-no-effect", "warning", f"kernels.{p.op}: bundled does nothing "
+                    f"on {gpu.arch}", f"{role.name}: {p.why}", f"set {field}: auto",
+                    subject=f"{role.name}.{p.op}", field=field, source=p.source))
+            if p.measured and "ignored" in p.measured and (role.name, "m") not in seen:
+                seen.add((role.name, "m"))
+                out.append(check(
+                    "kernels.measurement-ignored", "warning",
+                    "the stored kernel measurement does not apply", f"{role.name}: {p.measured}",
+                    "run `dsv4ctl qualify kernels --host HOST` with this profile",
+                    subject=role.name, field="kernels",
+                    source="dsv4ctl qualify kernels (kernels-qualification.json on the host)"))
+    return out
 
-    rendered = ", ".join(f"{k}={v}" for k, v in KERNEL_ENV)
-    return [check(
-        "kernels.sglang-paths", "info", "SGLang calls the bundled kernels",
-        f"kernels.enabled: the engine env sets {rendered}. Sparse MLA decode runs as "
-        "dsv4_kernels' decode (SGLang's Triton sm_120 backend, its entry point replaced by the "
-        "import hook); the indexer's paged MQA logits run as dsv4_kernels' Triton indexer in "
-        "place of SGLang's sm_120 torch function, which SGLang 0.5.23 reaches only with "
-        "SGLANG_OPT_USE_TILELANG_INDEXER=0: its V4 hook turns TileLang on on sm_120 unless set "
-        "(model_hook.py L495-502) and the indexer tests TileLang first (dsv4/indexer.py "
-        "L862-872). The headroom model sizes the hooked indexer's logits (fp32 [rows, keys])",
-        None, subject="kernels.enabled", field="kernels.enabled",
-        source="kernels/dsv4_kernels/sglang_hook.py; orchestrator/render KERNEL_ENV; "
-               "tests/parsers_real/test_indexer_path_vs_sglang.py")]
 
+def _legacy_kernel_keys(profile: Profile) -> list[Check]:
+    from orchestrator.profile.schema import LEGACY_KERNEL_KEYS
 
-# the measurements (device run 3 of issue 25: H200, sm_89 build standing in for sm_120)
-_MHC_DOC = "docs/fp32-gemms-sglang-0.5.23.md"
-
-
-def _bf16_gemms(cat: Catalog, model: ModelVariant, dep: Deployment, gpu: HostGpu) -> list[Check]:
-    """What kernels.bf16_gemms changes in the engine (only where the bundled kernels are on)."""
-    if not dep.kernels_enabled or gpu.arch != "sm_120":
-        return []
-    cfg = cat.config_of(model)
-    hidden, mult = cfg.hidden_size.value, cfg.hc_mult.value
-    # two hyper-connections a layer; the first of a step has no post to fuse (hc_pre)
-    calls = 2 * cfg.num_hidden_layers.value - 1
-    shape = f"[rows, {mult * hidden}] x [{mult * (2 + mult)}, {mult * hidden}]"
-    if dep.kernels_bf16_gemms:
-        return [check(
-            "kernels.bf16-gemms", "info", "mHC pre GEMMs on bf16 tensor cores",
-            f"kernels.bf16_gemms: the mHC pre mix GEMM at each of the {calls} sublayer boundaries "
-            f"of a decode step ({shape}; SGLang 0.5.23 runs it in FP32 on sm_120, per-token FMA "
-            "up to 32 rows, one 32-row CTA a block beyond) runs as dsv4_kernels' "
-            "bf16 hi+lo split-K kernel (DSV4_KERNELS_BF16_GEMMS=1): H200 proxy 16.1 -> 5.1 us a "
-            "call at 8 rows, 145 -> 6.4 us at 64, 4.1 -> 5.0 us at 1; error ~1e-5 of FP32",
-            None, subject="kernels.bf16_gemms", field="kernels.bf16_gemms", source=_MHC_DOC)]
-    return [check(
-        "kernels.fp32-gemms", "info", "mHC pre GEMMs stay FP32",
-        f"kernels.bf16_gemms is false: SGLang 0.5.23's FP32 mHC boundary ({shape}) runs at each "
-        f"of the {calls} sublayer boundaries of a decode step (H200 proxy 16.1 us a call at 8 "
-        "rows, 145 us at 64)",
-        "set kernels.bf16_gemms: true", subject="kernels.bf16_gemms", field="kernels.bf16_gemms",
-        source=_MHC_DOC)]
+    out = []
+    for key, value in profile.kernels.legacy_keys.items():
+        mapped = LEGACY_KERNEL_KEYS[(key, value)]
+        now = ", ".join(f"kernels.{op}: {c}" for op, c in mapped.items()) or "auto for every op"
+        out.append(check(
+            "kernels.deprecated-key", "warning", f"kernels.{key} is replaced by per-op choices",
+            f"kernels.{key}: {str(value).lower()} is read as {now}. "
+            + ("It no longer forces the bundled kernels: auto keeps SGLang's own path unless the "
+               "bundled one is needed or measured faster (`dsv4ctl plan --explain` says which)"
+               if value else "The engine's own path runs for "
+               + ("every op" if key == "enabled" else "the mHC pre GEMM")),
+            f"replace kernels.{key} with kernels.attention / kernels.indexer / kernels.mhc_pre "
+            "(auto, engine or bundled)", subject=f"kernels.{key}", field=f"kernels.{key}",
+            source="orchestrator/profile/schema.py LEGACY_KERNEL_KEYS"))
+    return out
 
 
 def _trust_remote_code(engine: EngineRules, dep: Deployment) -> list[Check]:
@@ -258,9 +258,11 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
             "moe_runner": dep.moe_runner_backend,
             "expert_storage": dep.expert_storage,
             "heads_per_attn_rank": heads // attn_tp,
-            # what the role's engine really gets: render sets triton when the bundled kernels are on
-            # (render.KERNEL_ENV); otherwise the role's env, else SGLang's default
-            "sm120_flashmla_backend": "triton" if dep.kernels_enabled else
+            # what the role's engine really gets: render sets triton where the role's attention
+            # takes the bundled path (orchestrator/kernel_paths.py); otherwise the role's env,
+            # else SGLang's default
+            "sm120_flashmla_backend": "triton" if any(
+                p.op == "attention" and p.path == "bundled" for p in role.kernels) else
             dict(role.env).get("SGLANG_SM120_FLASHMLA_BACKEND", "auto"),
             "dsv4_attn_backend": "auto",
             "index_topk": dep.index_topk,

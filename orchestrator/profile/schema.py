@@ -12,9 +12,9 @@ profile.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.types import (
@@ -275,19 +275,72 @@ class Workload(_Strict):
     )
 
 
+KernelChoice = Literal["auto", "engine", "bundled"]
+#: the ops whose SGLang 0.5.23 entry point the bundled kernels can replace, in plan order
+KERNEL_OPS = ("attention", "indexer", "mhc_pre")
+# kernels.enabled / kernels.bf16_gemms (before per-op choices): what each old value means now.
+# `enabled: true` meant "always the bundled kernels", which made sm_120 hosts slower than SGLang
+# alone; it now means what leaving it out means (auto: the engine's path unless the bundled one
+# is needed or measured faster). The plan says so (check kernels.deprecated-key).
+LEGACY_KERNEL_KEYS = {
+    ("enabled", False): {"attention": "engine", "indexer": "engine", "mhc_pre": "engine"},
+    ("enabled", True): {},
+    ("bf16_gemms", False): {"mhc_pre": "engine"},
+    ("bf16_gemms", True): {},
+}
+
+
+def _choice(op: str, what: str) -> KernelChoice:
+    return Field(default="auto", description=(
+        f"Which {what} runs: auto (SGLang's own path unless the profile puts it outside what that "
+        "path supports, a stored `dsv4ctl qualify kernels` measurement says the bundled kernel is "
+        "faster, or the engine has no tensor-core path on the GPU), engine (always SGLang's), or "
+        "bundled (always dsv4ctl's kernel). `dsv4ctl plan --explain` says what auto picked and why."))
+
+
 class Kernels(_Strict):
-    enabled: bool = Field(
-        default=True,
-        description="Install dsv4ctl's Triton kernels into the engine env and activate them.",
-    )
-    selftest: bool = Field(default=True, description="Run their self-test before switching.")
-    bf16_gemms: bool = Field(
-        default=True,
-        description="With kernels.enabled: run the mHC pre GEMM of every DeepSeek-V4 sublayer "
-        "boundary (FP32 in SGLang 0.5.23 on sm_120) on bf16 tensor cores "
-        "(docs/fp32-gemms-sglang-0.5.23.md; on by default: 3x faster per call at 8-32 decode "
-        "rows, ~20x at 64, FP32-level error).",
-    )
+    attention: KernelChoice = _choice("attention", "sparse-MLA attention (sm_120: FlashInfer's "
+                                      "sparse MLA in SGLang 0.5.23, or the bundled Triton decode)")
+    indexer: KernelChoice = _choice("indexer", "indexer paged MQA logits (sm_120: SGLang's "
+                                    "TileLang kernel, or the bundled Triton indexer)")
+    mhc_pre: KernelChoice = _choice("mhc_pre", "mHC pre GEMM at the sublayer boundaries (sm_120: "
+                                    "SGLang's FP32 boundary, or the bundled bf16 tensor-core one)")
+    selftest: bool = Field(default=True, description="Run the self-test of the bundled kernels "
+                           "this release uses before switching to it.")
+    _legacy: dict[str, bool] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _migrate(cls, data: Any, handler: Any) -> Kernels:
+        """Map the keys of the single switch (kernels.enabled, kernels.bf16_gemms) onto per-op
+        choices (LEGACY_KERNEL_KEYS); an old key and a new one for the same op conflict."""
+        legacy: dict[str, bool] = {}
+        if isinstance(data, dict) and {"enabled", "bf16_gemms"} & data.keys():
+            data = dict(data)
+            for key in ("enabled", "bf16_gemms"):
+                if key not in data:
+                    continue
+                value = data.pop(key)
+                if not isinstance(value, bool):
+                    raise ValueError(f"kernels.{key} = {value!r}: must be true or false (it is "
+                                     "replaced by kernels.attention/indexer/mhc_pre: auto, "
+                                     "engine or bundled)")
+                legacy[key] = value
+                for op, choice in LEGACY_KERNEL_KEYS[(key, value)].items():
+                    if op in data and data[op] != choice:
+                        raise ValueError(
+                            f"kernels.{key}: {str(value).lower()} means kernels.{op}: {choice}, "
+                            f"and kernels.{op} is {data[op]!r}; remove kernels.{key} (replaced "
+                            "by the per-op choices)")
+                    data[op] = choice
+        model = handler(data)
+        model._legacy = legacy
+        return model
+
+    @property
+    def legacy_keys(self) -> dict[str, bool]:
+        """The old keys this section was written with (for the plan's deprecation check)."""
+        return dict(self._legacy)
 
 
 class AlertThresholds(_Strict):

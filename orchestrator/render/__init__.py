@@ -69,36 +69,37 @@ MODE_SCRIPT = 0o755
 # Environment names dsv4ctl sets itself; a role's `env:` may not override them (the unit reads the
 # env file after its own settings, so a profile value would silently win over `gpus:`).
 # Environment that activates the bundled kernels inside SGLang 0.5.23 (kernels/dsv4_kernels/
-# sglang_hook.py): the hook's switch, plus the SGLang settings that route sm_120 sparse decode and
-# the paged MQA logits through the Python entry points the hook replaces. Without them SGLang never
-# calls the patched functions. The logits need two: the indexer takes TileLang before the torch
-# function (sglang 0.5.23 srt/layers/attention/dsv4/indexer.py L862-872: `elif
-# SGLANG_OPT_USE_TILELANG_INDEXER` is tested before `elif SGLANG_FP8_PAGED_MQA_LOGITS_TORCH`), and
-# the V4 model hook turns TileLang on on sm_120 unless the variable is set (srt/arg_groups/
-# model_hook.py L495-502: `if not envs.X.is_set(): envs.X.set(True)`); both read os.environ per
-# call, so the unit's value wins. Rendered rather than forced by the kernels' import hook so that
-# the env file, `plan` and the headroom model show the path the engine takes.
-KERNEL_ENV = (
-    ("DSV4_KERNELS_SGLANG", "1"),
-    ("SGLANG_SM120_FLASHMLA_BACKEND", "triton"),
-    ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1"),
-    ("SGLANG_OPT_USE_TILELANG_INDEXER", "0"),
-)
-# kernels.bf16_gemms: the hook also swaps SGLang's FP32 mHC boundary for the bf16 tensor-core
-# one (kernels/dsv4_kernels/sglang_mhc.py; docs/fp32-gemms-sglang-0.5.23.md)
-BF16_GEMMS_ENV = ("DSV4_KERNELS_BF16_GEMMS", "1")
+# sglang_hook.py), per role, from the role's decided kernel paths (orchestrator/kernel_paths.py,
+# the one owner): the hook's switch, the ops it patches, and for each bundled op the SGLang
+# settings that route it to the Python entry point the hook replaces (the catalog's
+# kernel_paths.ops.<op>.bundled_env: SGLANG_SM120_FLASHMLA_BACKEND=triton for attention;
+# SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1 and SGLANG_OPT_USE_TILELANG_INDEXER=0 for the indexer, since
+# SGLang's V4 hook turns TileLang on on sm_120 unless set, model_hook.py L495-502, and the indexer
+# tests TileLang first, dsv4/indexer.py L862-872). An op on the engine's path renders nothing: the
+# engine takes its own default. Rendered rather than forced by the import hook so that the env
+# file, `plan` and the headroom model show the path the engine takes.
+HOOK_ENV = "DSV4_KERNELS_SGLANG"
+HOOK_OPS_ENV = "DSV4_KERNELS_OPS"
+# every SGLang variable a bundled op may render (a role's env may not set them while it does)
+ROUTING_ENV = ("SGLANG_SM120_FLASHMLA_BACKEND", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH",
+               "SGLANG_OPT_USE_TILELANG_INDEXER")
+# the hook's switch of the single-switch releases (kernels.bf16_gemms); still read by the hook
+LEGACY_BF16_GEMMS_ENV = "DSV4_KERNELS_BF16_GEMMS"
 # The kernels ship inside each release (apply unpacks them into releases/<id>/kernels/); the
 # engine imports them through `current`, so the switch and a rollback select them with the
 # release (issue 20 item 6). PYTHONPATH precedes site-packages, so the engine env's .pth hook line
 # imports dsv4_kernels from here, not from a copy an older dsv4ctl pip-installed into the env.
 KERNELS_PATH_ENV = "PYTHONPATH"
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", *(k for k, _ in KERNEL_ENV), BF16_GEMMS_ENV[0],
-                KERNELS_PATH_ENV)
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", HOOK_ENV, HOOK_OPS_ENV, *ROUTING_ENV,
+                LEGACY_BF16_GEMMS_ENV, KERNELS_PATH_ENV)
 
 
-def _reserved_source(name: str) -> str:
-    return {"CUDA_VISIBLE_DEVICES": "gpus", BF16_GEMMS_ENV[0]: "kernels.bf16_gemms"}.get(
-        name, "kernels.enabled")
+def _reserved_source(name: str, role: RoleDeployment) -> str:
+    if name == "CUDA_VISIBLE_DEVICES":
+        return "gpus"
+    ops = [p.op for p in role.kernels if p.path == "bundled"
+           and (name not in ROUTING_ENV or name in dict(p.env))]
+    return ", ".join(f"kernels.{op}: bundled" for op in ops) or "kernels"
 
 
 @dataclass(frozen=True)
@@ -290,11 +291,13 @@ def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[
     starts with. The planner reads the engine's env here too (its indexer path), so both see the
     same values. ``field``: the role's profile path, for the role's own ``env:`` entries."""
     out = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in role.gpus), field)]
-    if dep.kernels_enabled:
-        out += [(k, v, "kernels.enabled") for k, v in KERNEL_ENV]
-        out.append((KERNELS_PATH_ENV, kernels_path(dep.install_root), "kernels.enabled"))
-    if dep.kernels_bf16_gemms:
-        out.append((*BF16_GEMMS_ENV, "kernels.bf16_gemms"))
+    bundled = [p for p in role.kernels if p.path == "bundled"]
+    if bundled:
+        src = ",".join(f"kernels.{p.op}" for p in bundled)
+        out.append((HOOK_ENV, "1", src))
+        out.append((HOOK_OPS_ENV, ",".join(p.op for p in bundled), src))
+        out += [(k, v, f"kernels.{p.op}") for p in bundled for k, v in p.env]
+        out.append((KERNELS_PATH_ENV, kernels_path(dep.install_root), src))
     if _fleet_pd(role):
         # A fleet's PD engine hands KV to peers on other hosts. Its transfer endpoint binds
         # get_local_ip_auto(), which reads SGLANG_HOST_IP before guessing an interface (sglang
@@ -312,10 +315,14 @@ def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[s
     field = f"topology.{role.name}"
     names = {k for k, _ in role.env}
     out = []
+    hooked = any(p.path == "bundled" for p in role.kernels)
     for reserved in RESERVED_ENV:
-        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or dep.kernels_enabled):
+        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or hooked):
             out.append((f"{field}.env.{reserved}",
-                        f"dsv4ctl sets {reserved} itself (from {_reserved_source(reserved)})",
+                        f"dsv4ctl sets {reserved} itself (from {_reserved_source(reserved, role)})",
+                        f"remove {reserved} from {field}.env, or set the kernels.<op> choices to "
+                        "engine (then the role's env reaches SGLang unchanged)"
+                        if reserved != "CUDA_VISIBLE_DEVICES" else
                         f"remove {reserved} from {field}.env"))
     if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
         out.append((f"{field}.env.SGLANG_HOST_IP",

@@ -52,6 +52,7 @@ class ReviewDiff:
     capacity: list[str] = field(default_factory=list)  # human lines, from plans
     checks_added: list[str] = field(default_factory=list)
     checks_cleared: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)  # kernel path changes, with why
     plans_compared: bool = False
 
     @property
@@ -132,6 +133,19 @@ def _delta_gib(old: float, new: float) -> str:
     return f"{_gib(old)} -> {_gib(new)} ({d:+.1f} GiB)"
 
 
+def _kernel_lines(pa: Plan, pb: Plan) -> list[str]:
+    """A change of kernel path per role and op (orchestrator/kernel_paths.py decided both)."""
+    out = []
+    ka = {(r.name, k.op): k for r in pa.deployment.roles for k in r.kernels}
+    for r in pb.deployment.roles:
+        for k in r.kernels:
+            old = ka.get((r.name, k.op))
+            if old is not None and old.path != k.path:
+                out.append(f"{r.name} {k.op}: {old.path} ({old.runs}) -> {k.path} ({k.runs}): "
+                           f"{k.why}")
+    return out
+
+
 def _plan_lines(pa: Plan, pb: Plan) -> tuple[list[str], list[str], list[str]]:
     cap: list[str] = []
     ga = {g.index: g for g in pa.gpus}
@@ -197,6 +211,7 @@ def review(a: Profile, b: Profile, tree_a: ReleaseTree, tree_b: ReleaseTree, *,
     )
     if plans is not None:
         d.capacity, d.checks_added, d.checks_cleared = _plan_lines(*plans)
+        d.kernels = _kernel_lines(*plans)
         d.plans_compared = True
     return d
 
@@ -211,7 +226,7 @@ _SYMBOL = {"restart": "~>", "start": "+", "stop": "-"}
 
 
 def _consequences(d: ReviewDiff) -> list[str]:
-    lines = []
+    lines = [f"kernel path: {line}" for line in d.kernels]
     for a in (x for x in d.actions if x.kind in _SYMBOL):
         role = a.roles[0] if a.roles else a.target
         why = "; ".join(x for x in (a.reason, downtime_text(a)) if x)
@@ -305,7 +320,7 @@ def format_json(d: ReviewDiff) -> str:
     }
     if d.plans_compared:
         data.update(capacity=d.capacity, checks_added=d.checks_added,
-                    checks_cleared=d.checks_cleared)
+                    checks_cleared=d.checks_cleared, kernels=d.kernels)
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -49,7 +49,8 @@ def kernels_on(monkeypatch: pytest.MonkeyPatch, env: Env) -> Any:
 
     def with_kernels(*a: Any, **kw: Any) -> dict[str, Any]:
         d = plain(*a, **kw)
-        d["kernels"] = {"enabled": True, "selftest": False, "bf16_gemms": False}
+        d["kernels"] = {"attention": "bundled", "indexer": "bundled", "mhc_pre": "engine",
+                        "selftest": False}
         return d
 
     monkeypatch.setattr(base, "profile_dict", with_kernels)

@@ -56,7 +56,7 @@ def _loaded_by_decode(env: Env) -> tuple[int, str]:  # noqa: F811
 def test_rollback_restores_the_release_kernels(env: Env, tmp_path: Path,  # noqa: F811
                                                monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    kernels = {"enabled": True, "selftest": False, "bf16_gemms": False}
+    kernels = {"attention": "bundled", "indexer": "bundled", "mhc_pre": "engine", "selftest": False}
     try:
         _use(monkeypatch, _kernels_copy(tmp_path / "k1", "1"), DIGEST_1)
         assert env.apply(env.profile(kernels=kernels)) == 0

@@ -95,7 +95,8 @@ def _indexer_module() -> types.ModuleType:
     real = sglang_compat.load_sglang_functions(
         sglang_root() / INDEXER, ["fp8_paged_mqa_logits_torch", "fp8_paged_mqa_logits_torch_sm120"])
     vars(mod).update(real)
-    assert sglang_hook.patch_module(mod) == [f"{INDEXER_MODULE}.fp8_paged_mqa_logits_torch_sm120"]
+    if os.environ.get(sglang_hook.ENV_VAR):  # the .pth line activates the hook only then
+        sglang_hook.patch_module(mod)  # patches only the ops DSV4_KERNELS_OPS names
     return mod
 
 
@@ -128,9 +129,20 @@ def _chosen_fn(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
     return ns["fn"]
 
 
-def _rendered_envs() -> dict[str, dict[str, str]]:
-    _, dep, tree = render_path(PROFILES / "default.yaml")
-    assert dep.kernels_enabled, "the default profile ships with the bundled kernels on"
+def _rendered_envs(indexer: str = "bundled") -> dict[str, dict[str, str]]:
+    """The engine env files of the default profile with ``kernels.indexer`` set."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    data = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    data["kernels"] = {"indexer": indexer}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "inventory.yaml").write_text((PROFILES / "inventory.yaml").read_text())
+        (Path(tmp) / "p.yaml").write_text(yaml.safe_dump(data))
+        _, dep, tree = render_path(Path(tmp) / "p.yaml")
+    assert dep.kernels_enabled, "kernels.indexer: bundled ships the bundled kernels"
     envs = {rel: _env_file(f.content) for rel, f in tree.files.items()
             if rel.startswith("env/") and rel.endswith(".env")}
     assert envs, "no engine env file rendered"
@@ -143,7 +155,7 @@ def test_rendered_env_reaches_the_bundled_logits(rel: str, monkeypatch: pytest.M
     from dsv4_kernels import sglang_compat
 
     env = _rendered_envs()[rel]
-    assert env["DSV4_KERNELS_SGLANG"] == "1"
+    assert env["DSV4_KERNELS_SGLANG"] == "1" and "indexer" in env["DSV4_KERNELS_OPS"].split(",")
     fn = _chosen_fn(env, monkeypatch)
     assert fn is sglang_compat.fp8_paged_mqa_logits_sm120, (
         f"{rel}: SGLang's indexer calls {fn!r}, not the bundled logits the hook installed")
@@ -162,6 +174,15 @@ def test_without_the_tilelang_switch_sglang_takes_tilelang(monkeypatch: pytest.M
 
 def test_kernels_off_leaves_sglangs_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _chosen_fn({}, monkeypatch) == "TileLang"  # sglang 0.5.23 on sm_120 out of the box
+
+
+@pytest.mark.parametrize("rel", sorted(_rendered_envs("auto")))
+def test_the_default_profile_keeps_sglangs_tilelang_indexer(rel: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # engine first: with no measurement the default renders nothing for the indexer
+    env = _rendered_envs("auto")[rel]
+    assert "indexer" not in env.get("DSV4_KERNELS_OPS", "").split(",")
+    assert _chosen_fn(env, monkeypatch) == "TileLang"
 
 
 def test_the_planner_reads_the_env_render_writes() -> None:

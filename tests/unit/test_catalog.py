@@ -540,9 +540,11 @@ def test_known_bad_matching(cat):
         for kb in e.known_bad_matching({"arch": "sm_120", "expert_format": "nvfp4", "moe_runner": "auto"})
     }
     assert "nvfp4-auto-picks-trtllm-routed" in ids
-    ids = {kb.id for kb in e.known_bad_matching({"arch": "sm_120", "heads_per_attn_rank": 8,
-                                                "sm120_flashmla_backend": "auto"})}
-    assert ids == {"tp8-sparse-mla-prefill-crash-sm120"}
+    # FlashInfer's 8-heads prefill abort is a limit of the engine's path now (kernel_paths)
+    (lim,) = [x for x in e.kernel_paths.limits if x.op == "attention"]
+    assert lim.matches({"heads_per_attn_rank": 8, "rows_per_call": 8192})
+    assert not lim.matches({"heads_per_attn_rank": 8, "rows_per_call": 64})
+    assert not lim.matches({"heads_per_attn_rank": 16, "rows_per_call": 8192})
     assert {kb.id for kb in e.known_bad_matching({"expert_storage": "fp8", "moe_runner": "auto"})} == set()
     assert {kb.id for kb in e.known_bad_matching({"expert_storage": "fp8", "moe_runner": "triton"})} == {
         "fp4-dequant-needs-auto-runner"

@@ -215,3 +215,20 @@ def test_git_textconv_shows_rendered_change(repo: Path) -> None:
 
 def test_help_lists_both_commands() -> None:
     assert {"render", "diff"} <= set(cli.commands)
+
+
+def test_a_kernel_path_change_is_a_consequence(tmp_path: Path) -> None:
+    # kernels.attention engine -> bundled: the diff says which role's op moves, from what to what
+    # and why, beside the restart it causes
+    a = _default()
+    a["kernels"] = {"attention": "engine"}
+    b = _default()
+    b["kernels"] = {"attention": "bundled"}
+    rc, out, _ = _run("diff", str(_write(tmp_path, "a.yaml", a)), str(_write(tmp_path, "b.yaml", b)))
+    assert rc == 0, out
+    cons = out.split("Consequences:")[1].split("\n\n")[0]
+    flat = " ".join(cons.split())
+    assert ("kernel path: decode attention: engine (FlashInfer sparse MLA) -> bundled "
+            "(dsv4_kernels sparse-MLA (as SGLang's Triton backend)): kernels.attention: "
+            "bundled") in flat
+    assert "restart decode" in flat

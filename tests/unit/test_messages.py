@@ -14,6 +14,7 @@ from orchestrator.cli import main
 from orchestrator.errors import DsvError
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import build_plan, load_context
+from orchestrator.planner.report import render_text
 from tests.unit.test_planner_fuzz import profiles
 
 PROFILES = data_dir("profiles")
@@ -28,22 +29,39 @@ def _plan(tmp_path: Path, profile: dict, inventory: str | None = None):
     return build_plan(load_context(tmp_path / "p.yaml", None))
 
 
-def _tp8_no_attn_dp(kernels: bool) -> dict:
+def _tp8_no_attn_dp(attention: str) -> dict:
     p = yaml.safe_load(yaml.safe_dump(TP8))
     p["topology"]["engine"]["attn_dp"] = 1
-    p["kernels"] = {**p.get("kernels", {}), "enabled": kernels}
+    p["kernels"] = {"attention": attention}
     return p
 
 
-def test_tp8_warning_only_when_the_engine_really_gets_the_crashing_backend(tmp_path: Path) -> None:
-    # kernels on: render sets SGLANG_SM120_FLASHMLA_BACKEND=triton itself, so no warning
-    on = _plan(tmp_path, _tp8_no_attn_dp(True))
-    assert not [c for c in on.checks if c.id == "known-bad.tp8-sparse-mla-prefill-crash-sm120"]
-    off = _plan(tmp_path, _tp8_no_attn_dp(False))
-    (warn,) = [c for c in off.checks if c.id == "known-bad.tp8-sparse-mla-prefill-crash-sm120"]
-    # the fix is something a profile can say (the env var is reserved while kernels are enabled)
-    assert "kernels.enabled: true" in warn.fix and "attn_dp" in warn.fix
-    assert not warn.fix.startswith("set SGLANG_SM120_FLASHMLA_BACKEND")
+def test_tp8_without_attention_dp_takes_the_bundled_attention_and_says_why(tmp_path: Path) -> None:
+    # auto: FlashInfer's prefill aborts at 8 heads per rank (sglang PR 38969), so the colocated
+    # TP8 engine renders the bundled attention path, and the plan gives the limit and its source
+    plan = _plan(tmp_path, _tp8_no_attn_dp("auto"))
+    (att,) = [p for r in plan.deployment.roles for p in r.kernels if p.op == "attention"]
+    assert att.path == "bundled" and "8 heads per rank" in att.why
+    assert "https://github.com/sgl-project/sglang/pull/38969" in att.why
+    assert "deepseek_v4_backend.py" in att.source
+    env = next(f.content for f in plan.files if f.path == "env/engine.env")
+    assert 'SGLANG_SM120_FLASHMLA_BACKEND="triton"' in env and "attention" in env
+    assert not [c for c in plan.checks if c.id == "kernels.engine-path-unsupported"]
+    text = render_text(plan)
+    assert "engine attention: the engine's path cannot serve this role" in text
+    # kept on the engine on purpose: a warning whose fix a profile can say
+    forced = _plan(tmp_path, _tp8_no_attn_dp("engine"))
+    (warn,) = [c for c in forced.checks if c.id == "kernels.engine-path-unsupported"]
+    assert "kernels.attention: auto" in warn.fix and "attn_dp" in warn.fix
+    assert "FLASHMLA" not in next(f.content for f in forced.files if f.path == "env/engine.env")
+
+
+def test_tp8_with_attention_dp_keeps_flashinfer(tmp_path: Path) -> None:
+    p = _tp8_no_attn_dp("auto")
+    p["topology"]["engine"]["attn_dp"] = 8  # 64 heads per rank
+    plan = _plan(tmp_path, p)
+    (att,) = [p for r in plan.deployment.roles for p in r.kernels if p.op == "attention"]
+    assert att.path == "engine"
 
 
 def test_an_inventory_typo_is_reported_once(tmp_path: Path) -> None:

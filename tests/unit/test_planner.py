@@ -317,31 +317,51 @@ def test_topology_switch_stops_dropped_roles_and_starts_new_ones(tmp_path: Path)
     assert ("remove", "units/dsv4-default-router.service") in [(a.kind, a.target) for a in plan.actions]
 
 
-def test_planner_says_what_bf16_gemms_changes(tmp_path: Path) -> None:
-    # issue 25: the check names the GEMM, its call count (2 x 43 layers - 1) and the switch
-    p = _default()
-    on = build_plan(load_context(_write(tmp_path, p), None))
-    msg = next(c for c in on.checks if c.id == "kernels.bf16-gemms")
-    assert msg.severity == "info" and msg.field == "kernels.bf16_gemms"
-    assert "85 sublayer boundaries" in msg.message and "[rows, 16384] x [24, 16384]" in msg.message
-    assert "DSV4_KERNELS_BF16_GEMMS=1" in msg.message and "fp32-gemms" in (msg.source or "")
-    p["kernels"] = {"enabled": True, "bf16_gemms": False}
-    off = build_plan(load_context(_write(tmp_path, p), None))
-    ids = _ids(off)
-    assert "kernels.bf16-gemms" not in ids and ids["kernels.fp32-gemms"] == "info"
-    p["kernels"] = {"enabled": False}
-    none = _ids(build_plan(load_context(_write(tmp_path, p), None)))
-    assert not {"kernels.bf16-gemms", "kernels.fp32-gemms"} & set(none)
+def _paths(plan) -> dict[tuple[str, str], object]:
+    return {(r.name, p.op): p for r in plan.deployment.roles for p in r.kernels}
 
 
-def test_kernels_check_says_which_sglang_paths_they_take(tmp_path: Path) -> None:
-    # kernels.enabled renders SGLANG_OPT_USE_TILELANG_INDEXER=0 (the indexer's logits reach the
-    # bundled kernel only then); the plan says so, with the SGLang source lines
+def test_default_profile_on_sm120_takes_the_engines_paths(tmp_path: Path) -> None:
+    # no measurement: FlashInfer attention and the TileLang indexer (SGLang's own sm_120
+    # defaults); the mHC pre GEMM bundled, since the engine's is FP32 without tensor cores
+    plan = build_plan(load_context(_write(tmp_path, _default()), None))
+    paths = _paths(plan)
+    for role in ("prefill", "decode"):
+        assert paths[(role, "attention")].path == "engine"
+        assert paths[(role, "attention")].runs == "FlashInfer sparse MLA"
+        assert paths[(role, "indexer")].path == "engine"
+        assert paths[(role, "indexer")].runs.startswith("TileLang")
+        mhc = paths[(role, "mhc_pre")]
+        assert mhc.path == "bundled" and "no tensor-core path" in mhc.why
+        assert "fp32-gemms" in mhc.source
+    assert "Kernels per role" in render_text(plan)
+
+
+def test_explicit_choices_win_and_old_keys_are_reported(tmp_path: Path) -> None:
     p = _default()
-    on = build_plan(load_context(_write(tmp_path, p), None))
-    msg = next(c for c in on.checks if c.id == "kernels.sglang-paths")
-    assert msg.severity == "info" and msg.field == "kernels.enabled"
-    assert "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1, SGLANG_OPT_USE_TILELANG_INDEXER=0" in msg.message
-    assert "model_hook.py L495-502" in msg.message and "dsv4/indexer.py L862-872" in msg.message
+    p["kernels"] = {"attention": "bundled", "indexer": "bundled", "mhc_pre": "engine"}
+    paths = _paths(build_plan(load_context(_write(tmp_path, p), None)))
+    assert [paths[("decode", op)].path for op in ("attention", "indexer", "mhc_pre")] == \
+        ["bundled", "bundled", "engine"]
     p["kernels"] = {"enabled": False}
-    assert "kernels.sglang-paths" not in _ids(build_plan(load_context(_write(tmp_path, p), None)))
+    plan = build_plan(load_context(_write(tmp_path, p), None))
+    assert {x.path for x in _paths(plan).values()} == {"engine"}
+    (dep,) = [c for c in plan.checks if c.id == "kernels.deprecated-key"]
+    assert dep.severity == "warning" and "kernels.attention: engine" in dep.message
+    p["kernels"] = {"enabled": True}
+    (dep,) = [c for c in build_plan(load_context(_write(tmp_path, p), None)).checks
+              if c.id == "kernels.deprecated-key"]
+    assert "no longer forces the bundled kernels" in dep.message
+
+
+def test_bundled_on_a_gpu_without_the_entry_points_does_nothing(tmp_path: Path) -> None:
+    # SGLang reaches the hooked functions only on sm_120; bundled on an H200 would only move the
+    # indexer to a slow torch fallback, so it renders nothing and the plan warns
+    p = _default()
+    p["kernels"] = {"indexer": "bundled"}
+    inv = yaml.safe_load((PROFILES_DIR / "inventory.yaml").read_text()
+                         .replace("model: rtx-pro-6000-se", "model: h200"))
+    plan = build_plan(load_context(_write(tmp_path, p, inv), None))
+    assert {x.path for x in _paths(plan).values()} == {"engine"}
+    assert "kernels.bundled-no-effect" in _ids(plan)
+    assert not any("DSV4_KERNELS" in (f.content or "") for f in plan.files)

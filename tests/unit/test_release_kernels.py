@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from orchestrator.apply.steps import Context, StepFailed, install_kernels, kernels_source
+from orchestrator.catalog import load_catalog
 from orchestrator.deployment import resolve
+from orchestrator.kernel_paths import decide
 from orchestrator.profile import load_text
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import Profile
@@ -30,7 +32,8 @@ case "$*" in
   *"-m dsv4_kernels.sglang_hook install"*) d="$(dirname "$0")/.."
                                            echo "PYTHONPATH=$PYTHONPATH $*" >> "$d/hook.log"
                                            [ -f "$d/hook.rc" ] && exit "$(cat "$d/hook.rc")"; exit 0;;
-  *"-m dsv4_kernels.selftest"*) d="$(dirname "$0")/.."; cat "$d/selftest.out"
+  *"-m dsv4_kernels.selftest"*) d="$(dirname "$0")/.."; echo "$*" >> "$d/selftest.log"
+                                cat "$d/selftest.out"
                                 exit "$(cat "$d/selftest.rc")";;
 esac
 exit 99
@@ -65,7 +68,11 @@ def make_ctx(tmp: Path, selftest: bool) -> Context:
     lines: list[str] = []
     ctx = Context(remote=LocalShell(), host_name="h", host=host,  # type: ignore[arg-type]
                   out=lines.append, now=lambda: datetime.now(UTC), command="t")
-    ctx.deployment = resolve(prof, "h", host, default_index_topk=512, max_context_length=1024)
+    dep = resolve(prof, "h", host, default_index_topk=512, max_context_length=1024)
+    # the kernel paths as plan decides them on an sm_120 host (kernels.enabled: true is auto:
+    # only the mHC pre GEMM is bundled there)
+    ctx.deployment = decide(load_catalog().engine("sglang", "0.5.23"), dep, "sm_120", 64,
+                            dict(dep.kernel_choices))
     ctx.profile = prof
     ctx.target = "r1"
     return ctx
@@ -93,6 +100,9 @@ def test_kernels_installed_and_selftest_passes(tmp_path: Path, env_checked: list
     assert f"PYTHONPATH={pkg} " in hook and "sglang_hook install" in hook
     assert kernels_source().name == "kernels"
     assert env_checked == [str(tmp_path / "env")]
+    # the self-test checks only what the release runs bundled
+    assert (tmp_path / "env" / "selftest.log").read_text().split() == [
+        "-m", "dsv4_kernels.selftest", "--ops", "mhc_pre"]
 
 
 def test_kernels_hook_refusal_fails_the_step(tmp_path: Path) -> None:
@@ -105,7 +115,7 @@ def test_kernels_hook_refusal_fails_the_step(tmp_path: Path) -> None:
 def test_kernels_selftest_mismatch_fails_the_step(tmp_path: Path) -> None:
     with pytest.raises(StepFailed, match=r"self-test failed \(exit 1\)") as exc:
         outcome(tmp_path, 1, {"passed": False, "failures": ["decode case 2: max err 0.3"]})
-    assert "decode case 2" in exc.value.message and "kernels.enabled: false" in exc.value.fix
+    assert "decode case 2" in exc.value.message and "kernels.<op> to engine" in exc.value.fix
 
 
 def test_kernels_selftest_disabled(tmp_path: Path) -> None:

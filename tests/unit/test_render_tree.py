@@ -146,20 +146,33 @@ def test_extra_files_cannot_overwrite_or_escape() -> None:
             render_release(profile, dep, extra_files={bad: "x"})
 
 
-def _env_with_kernels(kernels: dict[str, bool]) -> str:
+def _env_with_kernels(kernels: dict[str, object], role: str = "decode") -> str:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     data["kernels"] = kernels
     _, _, tree = render_text(yaml.safe_dump(data))
-    return tree.files["env/decode.env"].content
+    return tree.files[f"env/{role}.env"].content
 
 
-def test_bf16_gemms_switch_reaches_the_engine_env() -> None:
-    # issue 25: kernels.bf16_gemms (default on) adds the hook's second switch, never without the
-    # hook itself
-    assert 'DSV4_KERNELS_BF16_GEMMS="1"' in _env_with_kernels({"enabled": True})
-    off = _env_with_kernels({"enabled": True, "bf16_gemms": False})
-    assert "DSV4_KERNELS_BF16_GEMMS" not in off and 'DSV4_KERNELS_SGLANG="1"' in off
-    assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": False, "bf16_gemms": True})
+def test_each_bundled_op_renders_its_routing_and_nothing_else() -> None:
+    # per-op choices: the hook's op list names exactly the bundled ops, and each bundled op
+    # brings the SGLang settings that route to the entry point the hook replaces
+    env = _env_with_kernels({"attention": "bundled", "indexer": "engine", "mhc_pre": "engine"})
+    assert 'DSV4_KERNELS_OPS="attention"' in env and 'SGLANG_SM120_FLASHMLA_BACKEND="triton"' in env
+    assert "TILELANG" not in env and "PAGED_MQA" not in env
+    env = _env_with_kernels({"attention": "engine", "indexer": "bundled", "mhc_pre": "bundled"})
+    assert 'DSV4_KERNELS_OPS="indexer,mhc_pre"' in env
+    assert 'SGLANG_OPT_USE_TILELANG_INDEXER="0"' in env
+    assert 'SGLANG_FP8_PAGED_MQA_LOGITS_TORCH="1"' in env and "FLASHMLA" not in env
+    off = _env_with_kernels({"attention": "engine", "indexer": "engine", "mhc_pre": "engine"})
+    assert "DSV4_KERNELS" not in off and "SGLANG_" not in off
+
+
+def test_the_old_single_switch_maps_onto_per_op_choices() -> None:
+    # kernels.enabled: false meant "no bundled kernel" and still does; kernels.bf16_gemms: false
+    # keeps the mHC pre GEMM on the engine; kernels.enabled: true no longer forces them (auto)
+    assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": False})
+    assert "DSV4_KERNELS" not in _env_with_kernels({"enabled": True, "bf16_gemms": False})
+    assert _env_with_kernels({"enabled": True}) == _env_with_kernels({})
 
 
 def test_engine_imports_the_kernels_through_current() -> None:
@@ -168,14 +181,14 @@ def test_engine_imports_the_kernels_through_current() -> None:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     _, dep, _ = render_text(yaml.safe_dump(data))
     want = f'PYTHONPATH="{dep.install_root}/current/kernels"'
-    assert want in _env_with_kernels({"enabled": True})
+    assert want in _env_with_kernels({"attention": "bundled"})
     assert "PYTHONPATH" not in _env_with_kernels({"enabled": False})
 
 
 def test_role_env_cannot_set_the_kernels_path() -> None:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
     data["topology"]["decode"]["env"] = {"PYTHONPATH": "/opt/x"}
-    with pytest.raises(RenderError, match=r"decode\.env\.PYTHONPATH.*kernels\.enabled"):
+    with pytest.raises(RenderError, match=r"decode\.env\.PYTHONPATH.*kernels\.mhc_pre: bundled"):
         render_text(yaml.safe_dump(data))
 
 
@@ -184,18 +197,19 @@ def test_the_switches_render_sets_are_the_ones_the_kernels_hook_reads() -> None:
     # them; plan may not import the kernels): this pins that they agree
     from dsv4_kernels import sglang_hook
 
-    from orchestrator.render import BF16_GEMMS_ENV, KERNEL_ENV
+    from orchestrator.kernel_paths import OPS
+    from orchestrator.render import HOOK_ENV, HOOK_OPS_ENV, LEGACY_BF16_GEMMS_ENV
 
-    assert dict(KERNEL_ENV)[sglang_hook.ENV_VAR] == "1"
-    assert f"'{sglang_hook.ENV_VAR}'" in sglang_hook.PTH_LINE
-    assert BF16_GEMMS_ENV == (sglang_hook.BF16_GEMMS_ENV, "1")
-    assert sglang_hook.BF16_GEMMS_ENV in sglang_hook.GATES.values()
+    assert HOOK_ENV == sglang_hook.ENV_VAR and f"'{sglang_hook.ENV_VAR}'" in sglang_hook.PTH_LINE
+    assert HOOK_OPS_ENV == sglang_hook.OPS_ENV and LEGACY_BF16_GEMMS_ENV == sglang_hook.BF16_GEMMS_ENV
+    assert set(sglang_hook.OPS.values()) == set(OPS) and set(sglang_hook.OPS) == set(sglang_hook.TARGETS)
 
 
-def test_role_env_cannot_set_the_bf16_switch() -> None:
+def test_role_env_cannot_set_a_routing_variable_of_a_bundled_op() -> None:
     data = yaml.safe_load((PROFILES / "default.yaml").read_text())
-    data["topology"]["decode"]["env"] = {"DSV4_KERNELS_BF16_GEMMS": "0"}
-    with pytest.raises(RenderError, match=r"DSV4_KERNELS_BF16_GEMMS.*kernels\.bf16_gemms"):
+    data["kernels"] = {"attention": "bundled"}
+    data["topology"]["decode"]["env"] = {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"}
+    with pytest.raises(RenderError, match=r"SGLANG_SM120_FLASHMLA_BACKEND.*kernels\.attention"):
         render_text(yaml.safe_dump(data))
 
 
