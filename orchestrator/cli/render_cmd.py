@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli.options import detail_option, host_option, inventory_option, profile_option
 from orchestrator.cli.output import echo, echo_blocks, format_option
 from orchestrator.errors import DsvError, ExitCode, InputError, Problem
+
+if TYPE_CHECKING:
+    from orchestrator.render import ReleaseTree
 
 
 class _Side:
@@ -121,8 +125,7 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
     if to_stdout:
         echo(side.tree.to_text(), nl=False, raw=True)
     if out_dir is not None:
-        _prepare_out_dir(out_dir, set(side.tree.all_files()))
-        written = side.tree.write(out_dir)
+        written = _write_out(out_dir, side.tree)
         restarts = sorted({r for f in side.tree.files.values() for r in f.roles})
         echo(f"Rendered {len(written)} files of '{side.profile.name}' into {out_dir} "
                    f"(tree {side.tree.digest()}; roles {', '.join(restarts)})",
@@ -140,34 +143,21 @@ def _render_fleet(first: _Side, text: str, path: Path, inventory: Path | None,
             echo(side.tree.to_text(), nl=False, raw=True)
         if out_dir is not None:
             target = out_dir / name
-            _prepare_out_dir(target, set(side.tree.all_files()))
-            written = side.tree.write(target)
+            written = _write_out(target, side.tree)
             echo(f"Rendered {len(written)} files of '{side.profile.name}' for host {name} into "
                  f"{target} (tree {side.tree.digest()})", err=to_stdout)
     return 0
 
 
-def _prepare_out_dir(out_dir: Path, new_files: set[str]) -> None:
-    """Re-rendering into a previous render's directory removes the files the new tree no longer
-    has (listed in the old manifest), so the directory is exactly the tree; any other non-empty
-    directory is refused rather than mixed with."""
-    import json
+def _write_out(out_dir: Path, tree: ReleaseTree) -> list[Path]:
+    """Write ``tree`` into ``out_dir``: an empty directory or one render made, removing only the
+    files render wrote there that the new tree no longer has (orchestrator.render.outdir)."""
+    from orchestrator.render import outdir
 
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return
-    manifest = out_dir / "manifest.json"
-    try:
-        old = set(json.loads(manifest.read_text())["files"]) | {"manifest.json"}
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DsvError(f"{out_dir} is not empty and holds no dsv4ctl manifest.json",
-                       fix="render into an empty or new directory") from None
-    present = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file()}
-    foreign = sorted(present - old)
-    if foreign:
-        raise DsvError(f"{out_dir} holds files that are not part of its release tree: "
-                       f"{', '.join(foreign[:5])}", fix="render into an empty or new directory")
-    for rel in sorted(old - new_files):
-        (out_dir / rel).unlink(missing_ok=True)
+    outdir.prepare(out_dir, set(tree.all_files()))
+    written = tree.write(out_dir)
+    outdir.record(out_dir, written)
+    return written
 
 
 def _git_show(rev: str, path: Path) -> tuple[str, str]:

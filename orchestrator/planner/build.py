@@ -275,9 +275,9 @@ def save_plan(plan: Plan | FleetPlan, path: Path) -> None:
     A fleet's plan is one file with every host's plan."""
     data = plan.model_dump(mode="json")
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from orchestrator.localfs import write_atomic
+
+    write_atomic(path, text.encode("utf-8"), 0o644)  # explicit: not the operator's umask
 
 
 def _read_saved_plan(path: Path) -> Any:

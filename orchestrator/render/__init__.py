@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,15 +144,16 @@ class ReleaseTree:
         return dict(sorted(out.items()))
 
     def write(self, root: Path) -> list[Path]:
-        """Write the tree under ``root`` with its modes; returns the paths written."""
+        """Write the tree under ``root`` (which must exist) with its modes, whatever the umask,
+        never through a symbolic link (orchestrator.localfs); returns the paths written."""
+        from orchestrator.localfs import make_dirs, write_atomic
+
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
         written = []
         for rel, f in self.all_files().items():
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(f.content, encoding="utf-8")
-            os.chmod(tmp, f.mode)
-            os.replace(tmp, path)
+            *dirs, name = rel.split("/")
+            path = make_dirs(root, tuple(dirs)) / name
+            write_atomic(path, f.content.encode("utf-8"), f.mode)
             written.append(path)
         return written
 

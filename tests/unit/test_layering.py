@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "kernels_package": 2,  # the shipped kernels' digest, from paths only
     "paths": 1, "errors": 1,
     "exposure": 1,  # the classification of a listen address: the planner and status both read it
+    "localfs": 1,  # the controller's file writes: explicit modes, no link followed
     "host_data": 1,  # the bounded readers of what comes back from a host (records, journals...)
     "release_ids": 1,  # the release id format: the store and remote's probe both read it
     "__init__": 0,  # the package's version

@@ -35,7 +35,7 @@ def test_render_writes_tree_modes_and_manifest(tmp_path: Path) -> None:
     _, _, tree = render_path(PROFILES / "default.yaml")
     assert tree.digest() in stdout and "Rendered 15 files" in stdout
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert written == sorted(tree.all_files())
+    assert written == sorted([*tree.all_files(), ".dsv4ctl-render.json"])  # + what it wrote
     for rel, f in tree.all_files().items():
         assert (out / rel).read_text() == f.content
         assert stat.S_IMODE(os.stat(out / rel).st_mode) == f.mode
@@ -94,7 +94,7 @@ def test_rerender_removes_stale_files_and_refuses_foreign_dirs(tmp_path: Path) -
     assert rc == 0, err
     _, _, tree = render_path(PROFILES / "mxfp4-tp8.yaml")
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert written == sorted(tree.all_files())
+    assert written == sorted([*tree.all_files(), ".dsv4ctl-render.json"])
     (out / "notes.txt").write_text("mine")
     rc, _, err = _invoke("render", str(PROFILES / "default.yaml"), "-o", str(out))
     assert rc == 1 and "notes.txt" in err
@@ -102,4 +102,4 @@ def test_rerender_removes_stale_files_and_refuses_foreign_dirs(tmp_path: Path) -
     other.mkdir()
     (other / "x").write_text("x")
     rc, _, err = _invoke("render", str(PROFILES / "default.yaml"), "-o", str(other))
-    assert rc == 1 and "no dsv4ctl manifest.json" in err
+    assert rc == 1 and "render did not make it" in " ".join(err.split())
