@@ -235,21 +235,71 @@ class HostLock:
         self.release()
 
 
+# The kernel's own account of who holds the lock (issue 31): `unlock --force` used to signal the
+# pid in the info file, which anyone who can write the install root... or a stale file names.
+# /proc/locks lists each flock with the pid of its holder and the file as MAJ:MIN:INODE (hex
+# major and minor, decimal inode; proc(5)); a line with "->" is a waiter, not a holder.
+HOLDERS_COMMAND = (
+    "set -e; s=$(stat -L -c '%d %i' -- {lock}); d=${{s% *}}; i=${{s#* }}; "
+    "printf 'KEY %02x:%02x:%s\\n' $(( (d >> 8) & 0xfff )) $(( (d & 0xff) | ((d >> 12) & 0xfff00) )) "
+    "\"$i\"; cat /proc/locks"
+)
+
+
+def parse_lock_holders(text: str) -> list[int]:
+    """The pids that hold (not wait for) a FLOCK on the file whose key the command printed."""
+    lines = text.splitlines()
+    key = next((ln.split()[1] for ln in lines if ln.startswith("KEY ") and len(ln.split()) == 2),
+               None)
+    pids: list[int] = []
+    for ln in lines:
+        f = ln.split()
+        if key is None or "->" in f or len(f) < 6 or f[1] != "FLOCK":
+            continue
+        if f[5] == key and f[4].isdigit():
+            pids.append(int(f[4]))
+    return sorted(set(pids))
+
+
+def lock_holders(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> list[int]:
+    """Pids holding the lock, as the host's kernel says (/proc/locks)."""
+    lock, _ = lock_paths(install_root, name)
+    res = remote.run(HOLDERS_COMMAND.format(lock=shlex.quote(lock)), timeout=30)
+    if not res.ok:
+        raise RemoteError(f"cannot read the lock table on host '{remote.name}': "
+                          f"{(res.stderr or res.stdout).strip()[:200]}")
+    return parse_lock_holders(res.stdout)
+
+
 def force_unlock(remote: RemoteHost, install_root: str) -> Holder | None:
-    """End the process holding the lock (after the caller showed the holder). Returns the holder."""
+    """End the process holding the lock (after the caller showed the holder). Returns the holder.
+
+    Only the process the kernel lists as the lock's holder is signalled (and, when it is
+    dsv4ctl's own ``flock`` holder, the shell it runs), never a pid from the info file: that file
+    is for display, and a stale or planted one named a process that did not hold the lock."""
     holder = read_holder(remote, install_root)
     if not is_locked(remote, install_root):
         return holder
-    if holder is None or holder.remote_pid is None:
-        raise RemoteError(f"the lock on host '{remote.name}' is held but its holder is unknown",
+    pids = lock_holders(remote, install_root)
+    if not pids:
+        raise RemoteError(f"the lock on host '{remote.name}' is held but the kernel's lock table "
+                          "names no holder that this user can see",
                           fix=f"find the process with `fuser {lock_paths(install_root)[0]}` on the "
-                              "host and end it")
-    pid = holder.remote_pid
-    # the flock process and its direct child (the sh that waits on stdin), by pid only
-    remote.run(f"pkill -TERM -P {pid}; kill -TERM {pid}", timeout=30)
+                              "host (as root) and end it")
+    if holder is not None and holder.remote_pid is not None and holder.remote_pid not in pids:
+        # the info file is not the lock: say so, and end the real holder
+        holder = Holder(remote_pid=None, info={**holder.info, "note": (
+            f"the info file named pid {holder.remote_pid}, which does not hold the lock")})
+    for pid in pids:
+        # our own holder is `flock ... sh -c ...`: its child shell goes with it; any other
+        # holder is signalled alone, by pid
+        remote.run(f"case \"$(tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null)\" in "
+                   f"'flock '*{shlex.quote(LOCK_NAME)}*) pkill -TERM -P {pid} ;; esac; "
+                   f"kill -TERM {pid}", timeout=30)
     for _ in range(50):
         if not is_locked(remote, install_root):
             remote.run(f"rm -f {shlex.quote(lock_paths(install_root)[1])}", timeout=30)
             return holder
         time.sleep(0.1)
-    raise RemoteError(f"the lock holder (pid {pid}) on host '{remote.name}' did not exit")
+    raise RemoteError(f"the lock holder (pid {', '.join(map(str, pids))}) on host "
+                      f"'{remote.name}' did not exit")
