@@ -116,6 +116,14 @@ class KernelQualification(_Frozen):
     runner: str  # the module and kernels digest that measured
 
 
+class ConnectionFact(_Frozen):
+    """Which machine the probe reached (issue 31: a saved plan binds its target): the host key
+    the SSH server proved it holds, and the address the connection went to."""
+
+    host_key: str  # "ssh-ed25519 SHA256:..." (OpenSSH's fingerprint form)
+    peer: str | None = None  # the IP address connected to (None through a jump host)
+
+
 class Facts(_Frozen):
     source: Literal["declared", "probed"]
     host: str
@@ -139,6 +147,9 @@ class Facts(_Frozen):
         default_factory=dict,
         description="path -> roles that restart when it changes (from the current manifest; only "
                     "files with roles)")
+    connection: ConnectionFact | None = Field(
+        default=None, description="the machine the probe reached (probed only); not part of the "
+        "fingerprint: apply compares it with the plan's target by itself, naming both")
     engine_env: EngineEnvFact | None = Field(
         default=None, description="the engine environment's owner/mode check (probed only); not "
         "part of the fingerprint: apply checks it again itself before running anything from it")
@@ -156,6 +167,7 @@ class Facts(_Frozen):
         (``apply.preflight.stale_reason``)."""
         data = self.model_dump(mode="json")
         del data["engine_env"]  # apply re-checks it on the host, under the lock (preflight)
+        del data["connection"]  # apply compares the machine itself (preflight.check_target)
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had
         if not data["kernel_qualification"]:

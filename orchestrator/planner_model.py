@@ -186,6 +186,29 @@ def downtime_text(action: Action) -> str:
     return "the model reloads: this role serves nothing for minutes"
 
 
+class PlanTarget(_Frozen):
+    """The machine a plan was made for (issue 31: a saved plan binds its target). Where the host
+    entry came from, how dsv4ctl reaches it, and, when probed, the host key the machine proved it
+    holds: apply refuses a saved plan on any other machine, naming both."""
+
+    source: Literal["inventory", "profile"]  # profile: an inline host (the inventory is unused)
+    user: str
+    address: str
+    port: int
+    jump: str | None = None  # user@address:port of a bastion
+    known_hosts: str | None = None  # the pinned known_hosts file, if any
+    host_key: str | None = None  # "ssh-ed25519 SHA256:...", probed plans only
+    peer: str | None = None  # the IP address the probe reached, probed plans only
+
+    def describe(self) -> str:
+        where = f"{self.user}@{self.address}:{self.port}"
+        if self.jump:
+            where += f" via {self.jump}"
+        if self.peer and self.peer != self.address:
+            where += f" ({self.peer})"
+        return where + (f", host key {self.host_key}" if self.host_key else "")
+
+
 class Plan(_Frozen):
     format: int = PLAN_FORMAT
     tool_version: str
@@ -203,6 +226,9 @@ class Plan(_Frozen):
     checks: list[Check]
     files: list[PlannedFile]
     actions: list[Action]  # the transition from the host's current release (planner.transition)
+    target: PlanTarget | None = None  # the machine it was made for (None: plans before 31)
+    # where apply reads each secret on the controller: "env NAME" or "file PATH" (never a value)
+    secret_sources: dict[str, str] = Field(default_factory=dict)
 
     @property
     def restarts(self) -> list[str]:

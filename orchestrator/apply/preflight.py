@@ -89,6 +89,32 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
     return None
 
 
+def check_target(plan: Plan, remote: Any, host_name: str, host: Host) -> None:
+    """A saved plan binds its target (issue 31): refuse it on another machine, naming both, before
+    anything runs there. Another address, port or user in the inventory is another target; so is
+    another host key behind the same address (the inventory's name now points elsewhere)."""
+    from orchestrator.planner.build import plan_target_of
+    from orchestrator.planner_model import PlanTarget
+
+    made = plan.target
+    if made is None:  # a plan saved before targets were recorded: its fingerprint still holds
+        return
+    live = getattr(remote, "identity", None)
+    now = PlanTarget(**{**plan_target_of(plan, host).model_dump(),
+                        "host_key": live.host_key if live else None,
+                        "peer": live.peer if live else None})
+    same = (made.user, made.address, made.port, made.jump) == \
+        (now.user, now.address, now.port, now.jump)
+    if made.host_key and now.host_key and made.host_key != now.host_key:
+        same = False
+    if not same:
+        raise StalePlan(
+            f"this plan was made for {made.describe()}; host '{host_name}' is now "
+            f"{now.describe()}: a different machine",
+            fix=f"re-plan against the machine you mean (dsv4ctl plan --host {host_name} --live "
+                "-o PLAN.json), or correct the inventory if it points at the wrong one")
+
+
 def _refuse_if_applied(ctx: Context, plan: Plan,
                        records: list[ReleaseRecord] | None = None) -> None:
     """StalePlan if a release was made from this very plan (records read without the lock when
@@ -127,6 +153,8 @@ def preflight(ctx: Context, step: Any) -> Outcome:
 
     plan = ctx.plan
     assert plan is not None and ctx.deployment is not None and ctx.profile is not None
+    if ctx.saved_plan:  # before the lock: taking it writes on the machine
+        check_target(plan, ctx.remote, ctx.host_name, ctx.host)
     if plan.errors:
         raise DsvError(f"the plan has {len(plan.errors)} error check(s): "
                        + "; ".join(c.id for c in plan.errors),

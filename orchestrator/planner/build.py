@@ -33,7 +33,7 @@ from orchestrator.planner.checks import (
 from orchestrator.planner.exposure import exposure_checks
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
-from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile
+from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile, PlanTarget
 from orchestrator.profile.inventory import Host, Inventory
 from orchestrator.profile.loader import locate, read_file
 from orchestrator.profile.schema import Profile
@@ -239,7 +239,30 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         checks=checks,
         files=files,
         actions=actions,
+        target=plan_target(ctx, facts),
+        secret_sources={name: (f"env {ref.env}" if ref.env else f"file {ref.file}")
+                        for name, ref in sorted(ctx.profile.secrets.items())},
     )
+
+
+def plan_target(ctx: PlanContext, facts: Facts) -> PlanTarget:
+    """The machine this plan is for, with the host key the probe saw (a saved plan is bound to
+    it: apply refuses another machine, naming both)."""
+    conn = facts.connection
+    return _target("profile" if isinstance(ctx.profile.host, Host) else "inventory", ctx.host,
+                   conn.host_key if conn else None, conn.peer if conn else None)
+
+
+def plan_target_of(plan: Plan, host: Host) -> PlanTarget:
+    """The target ``host`` is now, for comparing with a saved plan's (no key: not probed)."""
+    return _target(plan.target.source if plan.target else "inventory", host, None, None)
+
+
+def _target(source: str, h: Host, key: str | None, peer: str | None) -> PlanTarget:
+    return PlanTarget(
+        source=source, user=h.user, address=h.address, port=h.port,  # type: ignore[arg-type]
+        jump=f"{h.jump.user}@{h.jump.address}:{h.jump.port}" if h.jump else None,
+        known_hosts=h.known_hosts, host_key=key, peer=peer)
 
 
 def host_transition(files: list[PlannedFile], facts: Facts) -> list[Action]:

@@ -112,6 +112,21 @@ def check_lines(c: Check, *, verbose: bool = False) -> list[str]:
     return lines
 
 
+def _target_lines(plan: Plan) -> list[str]:
+    """Where the plan goes and where its secrets come from (issue 31: neither was shown, and a
+    profile's inline host silently overrode the inventory)."""
+    t = plan.target
+    if t is None:
+        return []
+    src = ("an inline host in the profile; the inventory is not used" if t.source == "profile"
+           else f"inventory host {plan.host}")
+    key = "" if t.host_key else "; host key not probed"
+    out = [f"  target: {t.describe()} ({src}{key})"]
+    out += [f"  secret {name}: from {where} on the controller"
+            for name, where in plan.secret_sources.items()]
+    return out
+
+
 def render_text(plan: Plan, *, verbose: bool = False) -> str:
     dep = plan.deployment
     lines = [
@@ -122,6 +137,7 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
         f"  topology {_topology(plan)}",
         f"  checks: {_check_counts(plan.checks)}",
         f"  {summary_line(plan)}",
+        *_target_lines(plan),
         "",
     ]
     if plan.gpus:

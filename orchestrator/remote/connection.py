@@ -46,6 +46,7 @@ import paramiko
 from fabric import Connection
 
 from orchestrator.errors import RemoteError
+from orchestrator.facts import ConnectionFact
 from orchestrator.profile.inventory import Host
 from orchestrator.remote.diagnose import classify
 from orchestrator.remote.probes import CommandResult
@@ -210,6 +211,7 @@ class RemoteHost:
         self._sleep = sleep
         self._conn: Connection | None = None
         self._sftp_client: paramiko.SFTPClient | None = None
+        self.identity: ConnectionFact | None = None  # set on connect
 
     # ---------------------------------------------------------------- connect / close ---
     def _kwargs(self, key: str | None) -> dict[str, Any]:
@@ -272,6 +274,7 @@ class RemoteHost:
             try:
                 conn.open()
                 self._conn = conn
+                self._identify()
                 return self
             except paramiko.BadHostKeyException as exc:
                 conn.close()
@@ -313,6 +316,20 @@ class RemoteHost:
             f"cannot connect to host '{self.name}' ({where}) after {RETRIES + 1} attempts: "
             f"{failure.cause if failure else 'no attempt made'}",
             fix=failure.fix if failure else None)
+
+    def _identify(self) -> None:
+        """Record which machine this is: the host key it proved it holds, and the address the
+        TCP connection reached (a saved plan is bound to both; issue 31)."""
+        import base64
+        import hashlib
+
+        t = self.transport
+        key = t.get_remote_server_key()
+        digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+        peer = None
+        with contextlib.suppress(Exception):  # a jump host's channel has no peer address
+            peer = str(t.getpeername()[0])
+        self.identity = ConnectionFact(host_key=f"{key.get_name()} SHA256:{digest}", peer=peer)
 
     def close(self) -> None:
         if self._sftp_client is not None:

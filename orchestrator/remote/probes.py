@@ -542,6 +542,7 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
     import secrets
 
     model_paths = list(model_paths)
+    identity = getattr(shell, "identity", None)  # the machine reached (RemoteHost.identity)
     disk_paths, models = probe_paths(host, model_paths)
     commands = _fact_commands(host, model_paths, engine_env)
     token = token or "@@dsv4-" + secrets.token_hex(8)
@@ -567,4 +568,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         current_roles=roles,
         latest_release=latest,
         engine_env=probe_engine_env(shell, engine_env) if engine_env else None,
+        connection=identity,
     )

@@ -291,3 +291,51 @@ def test_a_record_from_the_host_never_writes_outside_the_state_directory(
             os.environ["XDG_STATE_HOME"] = old
     outside = [p for p in base.rglob("*") if not p.is_relative_to(state)]
     assert not outside, outside
+
+
+# ------------------------------------------------------------- a saved plan binds its target ---
+
+def test_a_saved_plan_is_refused_on_a_machine_with_another_host_key() -> None:
+    """Same inventory entry, another machine behind the address (DNS or an IP moved): the key
+    the machine proves it holds differs, and apply names both (the harness twin retargets the
+    inventory: tests/integration/test_hostile_retarget.py)."""
+    from orchestrator.apply.preflight import check_target
+    from orchestrator.errors import StalePlan
+    from orchestrator.facts import ConnectionFact
+    from orchestrator.paths import default_profile
+    from orchestrator.planner.build import load_context, plan_from_paths
+
+    ctx = load_context(default_profile(), None)
+    made = plan_from_paths(default_profile())
+    assert made.target is not None and made.target.address == ctx.host.address
+    made = made.model_copy(update={"target": made.target.model_copy(update={
+        "host_key": "ssh-ed25519 SHA256:aaaa", "peer": "10.0.0.5"})})
+
+    class Remote:
+        identity = ConnectionFact(host_key="ssh-ed25519 SHA256:aaaa", peer="10.0.0.5")
+
+    check_target(made, Remote(), ctx.host_name, ctx.host)  # the same machine: passes
+    Remote.identity = ConnectionFact(host_key="ssh-ed25519 SHA256:bbbb", peer="10.0.0.9")
+    with pytest.raises(StalePlan) as exc:
+        check_target(made, Remote(), ctx.host_name, ctx.host)
+    text = exc.value.render()
+    assert "SHA256:aaaa" in text and "SHA256:bbbb" in text and "a different machine" in text
+
+
+def test_plan_shows_its_target_and_where_each_secret_comes_from(tmp_path: Path) -> None:
+    import yaml
+
+    from orchestrator.paths import data_dir
+    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.report import render_text
+
+    profiles = data_dir("profiles")
+    prof = yaml.safe_load((profiles / "default.yaml").read_text())
+    inv = yaml.safe_load((profiles / "inventory.yaml").read_text())
+    prof["host"] = inv["hosts"]["gpu-host"]  # an inline host: the inventory is not used
+    prof["secrets"] = {"DSV4_SECRET_API_KEY": {"file": "/etc/dsv4/key"}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    text = render_text(plan_from_paths(tmp_path / "p.yaml"))
+    assert "target: dsv4@gpu-host.internal:22 (an inline host in the profile; the inventory " \
+           "is not used" in " ".join(text.split())
+    assert "secret DSV4_SECRET_API_KEY: from file /etc/dsv4/key on the controller" in text
