@@ -239,6 +239,11 @@ def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
     tree = {p: (d, m) for p, (d, m, _) in files.items()}
     tree[MANIFEST] = (manifest_text.encode(), 0o644)
     tree[PLAN] = (plan.model_dump_json(indent=2).encode() + b"\n", 0o644)
+    from orchestrator.monitoring import plan_rules_file
+
+    planned = plan_rules_file(plan)  # the plan's per-GPU memory, for Prometheus (like plan.json)
+    if planned is not None:
+        tree[planned[0]] = (planned[1].encode(), 0o644)
     return tree, hashes, manifest_text
 
 

@@ -9,7 +9,10 @@ a ``datasource`` template variable lets provisioning pick one; every query uses
 ``{"type": "prometheus", "uid": "${datasource}"}``. Range selectors use Grafana's
 ``$__rate_interval``; :data:`GRAFANA_VARIABLES` lists every Grafana variable used so tests can
 substitute them and run each expression through promtool.
-No Grafana library is used: none validates (research/env-probe.md §6); the JSON is small.
+Built by this generator, not through grafana-foundation-sdk's builders: the SDK fits (pure Python,
+~15 ms to import, Apache-2.0) and the tests decode every board with its ``Dashboard`` model
+(tests/unit/test_monitoring.py), but moving the panel code onto its builders is not done yet.
+The board opens with the GPU row when a GPU exporter is scraped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.deployment import Deployment
+from orchestrator.monitoring import prometheus
+from orchestrator.monitoring.metrics import MIB
 from orchestrator.monitoring.prometheus import num
 from orchestrator.profile.schema import Profile
 
@@ -71,10 +76,44 @@ def _quantiles(metric: str, dep: Deployment, extra: str = "") -> list[Target]:
     ]
 
 
+def gpu_row(profile: Profile, dep: Deployment) -> Row:
+    """dcgm-exporter's default counters per GPU (metrics.py cites them), and the framebuffer in
+    use beside the plan's prediction for the GPU (``plan.rules.yml``, written by apply)."""
+    per = "{{instance}} GPU {{gpu}}"
+    by = "max by (instance, gpu)"
+    planned = prometheus.PLANNED_FB
+    return Row("GPUs (dcgm-exporter)", [
+        Panel("GPU utilization", [Target(f"{by} ({_s('DCGM_FI_DEV_GPU_UTIL', dep)})", per)],
+              unit="percent", width=8, max=100.0),
+        Panel("Framebuffer used vs plan", [
+            Target(f"{by} ({_s('DCGM_FI_DEV_FB_USED', dep)}) * {MIB}", f"{per} used"),
+            Target(f"{by} ({_s(planned, dep)})", f"{per} planned"),
+        ], unit="bytes", width=8,
+            description="Measured framebuffer use (DCGM_FI_DEV_FB_USED, MiB) against the plan's "
+            "per-GPU prediction (weights, KV pool, request table, CUDA context, headroom)."),
+        Panel("Framebuffer drift from plan", [
+            Target(f"{by} ({_s('dsv4:gpu_fb_used_bytes', dep)}) - on (instance, gpu) "
+                   f"{by} ({_s(planned, dep)})", per),
+        ], unit="bytes", width=8, thresholds=[(0.0, "orange")],
+            description="Measured minus predicted; above 0 the GPU holds more than planned "
+            f"(DSV4GPUMemoryAbovePlan fires past "
+            f"{num(profile.monitoring.alerts.gpu_memory_over_plan * 100)}%)."),
+        Panel("Power draw", [Target(f"{by} ({_s('DCGM_FI_DEV_POWER_USAGE', dep)})", per)],
+              unit="watt", width=8),
+        Panel("GPU temperature", [Target(f"{by} ({_s('DCGM_FI_DEV_GPU_TEMP', dep)})", per)],
+              unit="celsius", width=8),
+        Panel("XID errors (last XID per GPU, 0: none)", [
+            Target(f"{by} ({_s('DCGM_FI_DEV_XID_ERRORS', dep)})", per)],
+            width=8, thresholds=[(1.0, "red")]),
+    ])
+
+
 def rows(profile: Profile, dep: Deployment) -> list[Row]:
     th = profile.monitoring.alerts
     pd = dep.pd
     out: list[Row] = []
+    if prometheus.gpu_targets(profile, dep):
+        out.append(gpu_row(profile, dep))
     out.append(Row("Serving", [
         Panel("Running requests", [Target(f"sum by (role) ({_s('sglang:num_running_reqs', dep)})",
                                           "{{role}}")], width=8),
@@ -171,14 +210,18 @@ def rows(profile: Profile, dep: Deployment) -> list[Row]:
                        "{{role}} transfer failed"),
             ], width=24),
         ]))
+    if dep.router is not None:
         # Router label names are not confirmed for 0.3.2 (see metrics.py): aggregate without
         # them except `worker`, which only names the legend.
         out.append(Row("Router (sglang-router)", [
             Panel("Router requests", [
                 Target(f"sum (rate({_s('smg_http_requests_total', dep)}[$__rate_interval]))",
                        "requests"),
-                Target(f"sum (rate({_s('smg_router_request_errors_total', dep)}"
-                       "[$__rate_interval]))", "errors"),
+                # 0.3.2 counts every response by status_code (seen on the live router in
+                # tests/promtool/test_prometheus_surface.py); it has no error counter until the
+                # first routing error, so errors show as the 4xx/5xx lines of this split
+                Target(f"sum by (status_code) (rate({_s('smg_http_responses_total', dep)}"
+                       "[$__rate_interval]))", "{{status_code}}"),
             ], unit="reqps", width=8),
             Panel("Router request duration", [
                 Target(f"histogram_quantile({q}, sum by (le) "

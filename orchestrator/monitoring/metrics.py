@@ -14,8 +14,17 @@ Sources:
   a byte search for ``smg_[a-z_0-9]+`` in the binary. Their *labels* (``worker``, ``path``,
   ``status_code``) come from the successor project's reference
   (https://github.com/lightseekorg/smg, ``docs/reference/metrics.md``) and are NOT confirmed for
-  0.3.2: the dashboard therefore aggregates router metrics without relying on label names,
-  except ``worker`` in per-worker panels and alerts (marked ``labels_confirmed=False``).
+  0.3.2 by that source; the live router 0.3.2 in tests/promtool/test_prometheus_surface.py shows
+  ``worker`` (smg_worker_*), ``method``/``path`` (smg_http_requests_total) and ``status_code``
+  (smg_http_responses_total). ``smg_router_request_errors_total`` is in the binary but has no
+  series until a routing error, so the board does not use it (marked ``labels_confirmed=False``).
+- NVIDIA dcgm-exporter (``monitoring.gpu_exporter: dcgm``): the names, types and units are those
+  of its default counter set, ``etc/default-counters.csv`` in https://github.com/NVIDIA/dcgm-exporter
+  (GPU_UTIL "GPU utilization (in %)", FB_USED "Framebuffer memory used (in MiB)", POWER_USAGE
+  "Power draw (in W)", GPU_TEMP "GPU temperature (in C)", XID_ERRORS "Value of the last XID error
+  encountered", a gauge, 0 when none). Every series carries ``gpu`` (the device index) and
+  ``UUID``; its default listener is ``:9400`` (NVIDIA's dcgm-exporter command reference: "The
+  default listener is :9400").
 - ``up`` is Prometheus's own per-target series (always present for a configured target).
 """
 
@@ -28,6 +37,9 @@ MetricType = Literal["gauge", "counter", "histogram"]
 
 SGLANG_SOURCE = "sglang 0.5.23 srt/observability/metrics_collector.py"
 ROUTER_SOURCE = "sglang-router 0.3.2 sglang_router_rs.abi3.so (strings); labels: smg docs"
+DCGM_SOURCE = "NVIDIA dcgm-exporter etc/default-counters.csv"
+DCGM_DEFAULT_PORT = 9400  # dcgm-exporter's default listener (NVIDIA command reference)
+MIB = 2**20  # DCGM_FI_DEV_FB_USED is in MiB (default-counters.csv)
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,13 @@ METRICS: dict[str, Metric] = {
         _m("smg_worker_health", "gauge", router=True),
         _m("smg_worker_requests_active", "gauge", router=True),
         _m("smg_worker_cb_state", "gauge", router=True),
+        # GPUs (NVIDIA dcgm-exporter default counters)
+        Metric("DCGM_FI_DEV_GPU_UTIL", "gauge", DCGM_SOURCE),
+        Metric("DCGM_FI_DEV_FB_USED", "gauge", DCGM_SOURCE),
+        Metric("DCGM_FI_DEV_FB_FREE", "gauge", DCGM_SOURCE),
+        Metric("DCGM_FI_DEV_POWER_USAGE", "gauge", DCGM_SOURCE),
+        Metric("DCGM_FI_DEV_GPU_TEMP", "gauge", DCGM_SOURCE),
+        Metric("DCGM_FI_DEV_XID_ERRORS", "gauge", DCGM_SOURCE),
         # Prometheus itself
         Metric("up", "gauge", "Prometheus scrape health"),
     )

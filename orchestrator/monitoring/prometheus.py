@@ -23,7 +23,7 @@ import yaml
 
 from orchestrator.deployment import Deployment
 from orchestrator.errors import RenderError
-from orchestrator.monitoring.metrics import ITL_MAX_BUCKET_S, TTFT_MAX_BUCKET_S
+from orchestrator.monitoring.metrics import ITL_MAX_BUCKET_S, MIB, TTFT_MAX_BUCKET_S
 from orchestrator.profile.schema import Profile
 
 RULES_FILE = "rules.yml"
@@ -34,6 +34,10 @@ ENGINE_ROLES_RE = "engine|prefill|decode"
 # bar is not zero.
 ABORTED_RATIO_HIGH = 0.05
 DOWN_FOR = "1m"
+GPU_ROLE = "gpu"  # the `role` label of the GPU exporter's targets
+PLAN_RULES_FILE = "plan.rules.yml"
+PLAN_RULES_GLOB = "plan*.rules.yml"
+PLANNED_FB = "dsv4:gpu_fb_planned_bytes"
 
 
 def num(x: float) -> str:
@@ -50,19 +54,54 @@ def yaml_text(data: Any) -> str:
 # scrape config
 
 
+def role_names(dep: Deployment) -> tuple[str, ...]:
+    """The engine roles this host's Prometheus watches: its own, or, on a fleet's router-only
+    host, the fleet's (prefill and decode behind a PD router, else engine)."""
+    if dep.roles:
+        return tuple(r.name for r in dep.roles)
+    assert dep.router is not None
+    return ("prefill", "decode") if dep.router.pd else ("engine",)
+
+
+def _hostport(url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def engine_targets(dep: Deployment) -> list[tuple[str, str]]:
+    """(role, host:port) of every engine this host's Prometheus scrapes. The host that runs a
+    fleet's router scrapes the whole fleet, at the addresses the router reaches the engines at
+    (so one Prometheus there sees every host: what canary analysis compares); any other host
+    scrapes its own roles."""
+    if dep.router is not None and dep.fleet:
+        r = dep.router
+        return ([("prefill", _hostport(u)) for u, _ in r.prefill]
+                + [("decode", _hostport(u)) for u in r.decode]
+                + [("engine", _hostport(u)) for u in r.worker_urls])
+    return [(r.name, f"{r.listen}:{r.port}") for r in dep.roles]
+
+
+def gpu_targets(profile: Profile, dep: Deployment) -> list[str]:
+    """host:port of the GPU exporter on every engine host scraped (none with gpu_exporter none)."""
+    if profile.monitoring.gpu_exporter == "none":
+        return []
+    hosts = dict.fromkeys(t.rsplit(":", 1)[0] for _, t in engine_targets(dep))
+    return [f"{h}:{profile.monitoring.gpu_exporter_port}" for h in hosts]
+
+
 def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
-    """prometheus.yml for a Prometheus on the deployment's host: the engines listen on loopback
-    only (``orchestrator.render.argv.ENGINE_HOST``), so targets are 127.0.0.1:<port>."""
+    """prometheus.yml for a Prometheus on the deployment's host: engines that listen on loopback
+    only (``orchestrator.render.argv.ENGINE_HOST``) are scraped at 127.0.0.1:<port>, a fleet's at
+    the host's service address."""
     interval = f"{profile.monitoring.scrape_interval_s}s"
-    engine_targets = [
-        {"targets": [f"{r.listen}:{r.port}"], "labels": {"deployment": dep.name, "role": r.name}}
-        for r in dep.roles
+    engine_targets_ = [
+        {"targets": [target], "labels": {"deployment": dep.name, "role": role}}
+        for role, target in engine_targets(dep)
     ]
     jobs: list[dict[str, Any]] = [
         {
             "job_name": f"dsv4-{dep.name}-engine",
             "metrics_path": "/metrics",
-            "static_configs": engine_targets,
+            "static_configs": engine_targets_,
         }
     ]
     if dep.router is not None:
@@ -78,11 +117,21 @@ def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
                 ],
             }
         )
+    gpus = gpu_targets(profile, dep)
+    if gpus:
+        jobs.append({
+            "job_name": f"dsv4-{dep.name}-gpu",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": gpus,
+                                "labels": {"deployment": dep.name, "role": GPU_ROLE}}],
+        })
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         # Relative paths in rule_files resolve against this file's directory (Prometheus docs,
-        # configuration.md "rule_files"), so the release directory can move as a whole.
-        "rule_files": [RULES_FILE],
+        # configuration.md "rule_files"), so the release directory can move as a whole. The
+        # second entry is a glob on purpose: the plan's per-GPU prediction (PLAN_RULES_FILE) is
+        # written by apply beside plan.json, and a release rendered without a plan has none.
+        "rule_files": [RULES_FILE, *([PLAN_RULES_GLOB] if gpus else [])],
         "scrape_configs": jobs,
     }
 
@@ -126,9 +175,12 @@ def _sel(metric: str, dep: Deployment, extra: str = "") -> str:
     return f"{metric}{{{inner}}}"
 
 
-def recording_rules(dep: Deployment) -> list[dict[str, Any]]:
-    by = "by (deployment, role)"
-    byle = "by (deployment, role, le)"
+def recording_rules(dep: Deployment, gpu: bool = False) -> list[dict[str, Any]]:
+    # per engine (`instance`): in a fleet one slow or full host must not hide in the fleet's mean
+    # (an alert on the fleet-wide p95 never fired for one slow host of three, seen in
+    # tests/promtool/test_prometheus_surface.py::test_fleet_surface)
+    by = "by (deployment, role, instance)"
+    byle = "by (deployment, role, instance, le)"
 
     def q(metric: str, quant: str) -> str:
         return (f"histogram_quantile({quant}, sum {byle} "
@@ -151,6 +203,10 @@ def recording_rules(dep: Deployment) -> list[dict[str, Any]]:
         ("dsv4:itl_seconds:p95", q("sglang:inter_token_latency_seconds", "0.95")),
         ("dsv4:e2e_seconds:p95", q("sglang:e2e_request_latency_seconds", "0.95")),
     ]
+    if gpu:
+        rules.append(("dsv4:gpu_fb_used_bytes",
+                      f"max by (deployment, instance, gpu) "
+                      f"({_sel('DCGM_FI_DEV_FB_USED', dep)}) * {MIB}"))
     if dep.speculative_algorithm != "none":
         rules.append(("dsv4:spec_accept_length:max",
                       f"max {by} ({_sel('sglang:spec_accept_length', dep)})"))
@@ -159,7 +215,7 @@ def recording_rules(dep: Deployment) -> list[dict[str, Any]]:
 
 def _engine_role(dep: Deployment) -> str:
     """The role whose series the test cases use: decode in PD (it generates), else engine."""
-    names = [r.name for r in dep.roles]
+    names = role_names(dep)
     return "decode" if "decode" in names else names[0]
 
 
@@ -187,7 +243,7 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
         return f"{num(value)}x{late + 5}"
 
     # -- down --------------------------------------------------------------------------------
-    first = dep.roles[0].name
+    first = role_names(dep)[0]
     out.append(Alert(
         "DSV4EngineDown",
         f'up{{deployment="{d}",role=~"{ENGINE_ROLES_RE}"}} == 0',
@@ -264,7 +320,7 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
     qh = th.queue_high
     out.append(Alert(
         "DSV4QueueGrowing",
-        f'dsv4:queue_reqs:sum{{deployment="{d}"}} > {qh} and on (deployment, role) '
+        f'dsv4:queue_reqs:sum{{deployment="{d}"}} > {qh} and on (deployment, role, instance) '
         f'dsv4:queue_reqs:deriv10m{{deployment="{d}"}} >= 0',
         for_, "warning",
         f"Request queue of {{{{ $labels.role }}}} above {qh} and not draining",
@@ -339,7 +395,7 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
     # -- aborted requests --------------------------------------------------------------------
     out.append(Alert(
         "DSV4RequestsAborted",
-        f'dsv4:aborted_requests:rate5m{{deployment="{d}"}} > on (deployment, role) '
+        f'dsv4:aborted_requests:rate5m{{deployment="{d}"}} > on (deployment, role, instance) '
         f'({num(ABORTED_RATIO_HIGH)} * dsv4:requests:rate5m{{deployment="{d}"}})',
         for_, "warning",
         f"More than {num(ABORTED_RATIO_HIGH * 100)}% of requests to {{{{ $labels.role }}}} abort",
@@ -361,7 +417,7 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
         out.append(Alert(
             "DSV4SpecAcceptanceCollapsed",
             f'dsv4:spec_accept_length:max{{deployment="{d}"}} < {num(lim)} and on '
-            f'(deployment, role) dsv4:generation_tokens:rate5m{{deployment="{d}"}} > 0',
+            f'(deployment, role, instance) dsv4:generation_tokens:rate5m{{deployment="{d}"}} > 0',
             for_, "warning",
             f"Speculative acceptance length of {{{{ $labels.role }}}} below {num(lim)}",
             f"{dep.speculative_algorithm} drafts are mostly rejected while the engine generates: "
@@ -379,7 +435,72 @@ def alerts(profile: Profile, dep: Deployment) -> list[Alert]:
                      late, False),
             ),
         ))
+    if gpu_targets(profile, dep):
+        out += gpu_alerts(profile, dep, late)
     return out
+
+
+def gpu_alerts(profile: Profile, dep: Deployment, late: int) -> list[Alert]:
+    """XID errors and framebuffer above the plan's prediction (dcgm-exporter default counters;
+    the prediction is the recording rule apply writes from the plan, :func:`plan_rules`)."""
+    d = dep.name
+    th = profile.monitoring.alerts
+    fm = th.for_minutes
+    gsel = f'deployment="{d}",instance="h:9400",gpu="0"'
+    who = (("deployment", d), ("gpu", "0"), ("instance", "h:9400"))
+    over = num(1 + th.gpu_memory_over_plan)
+    plan_gib = 80
+    return [
+        Alert(
+            "DSV4GPUXidError",
+            f'max by (deployment, instance, gpu) (DCGM_FI_DEV_XID_ERRORS{{deployment="{d}"}}) > 0',
+            None, "critical",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported an XID error",
+            "dcgm-exporter's DCGM_FI_DEV_XID_ERRORS holds the last XID the driver logged for this "
+            "GPU: a hardware, driver or application fault (NVIDIA's XID catalog says which). "
+            "Check `dmesg` on the host; the engine on this GPU may have failed with it.",
+            (
+                Case("fires", ((f"DCGM_FI_DEV_XID_ERRORS{{{gsel},job=\"j\"}}", "0 0 79x10"),), 4,
+                     True, who),
+                Case("none", ((f"DCGM_FI_DEV_XID_ERRORS{{{gsel},job=\"j\"}}", "0x10"),), 4, False),
+            ),
+        ),
+        Alert(
+            "DSV4GPUMemoryAbovePlan",
+            f'dsv4:gpu_fb_used_bytes{{deployment="{d}"}} > on (deployment, instance, gpu) '
+            f'group_left (role) ({over} * {PLANNED_FB}{{deployment="{d}"}})',
+            f"{fm}m", "warning",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} uses more memory than planned",
+            f"Framebuffer in use has exceeded the plan's prediction for this GPU "
+            f"({PLANNED_FB}) by more than {num(th.gpu_memory_over_plan * 100)}% for {fm} "
+            "minutes: the planner's memory model is off for this host (re-run `dsv4ctl plan "
+            "--live`), or something else allocates on the GPU.",
+            (
+                Case("fires", ((f"DCGM_FI_DEV_FB_USED{{{gsel}}}", f"{plan_gib * 1100}x{late + 5}"),
+                               (f'{PLANNED_FB}{{{gsel},role="engine"}}',
+                                f"{plan_gib * 1024 * MIB}x{late + 5}")),
+                     late, True, (*who, ("role", "engine"))),
+                Case("as-planned", ((f"DCGM_FI_DEV_FB_USED{{{gsel}}}",
+                                     f"{plan_gib * 1000}x{late + 5}"),
+                                    (f'{PLANNED_FB}{{{gsel},role="engine"}}',
+                                     f"{plan_gib * 1024 * MIB}x{late + 5}")),
+                     late, False),
+            ),
+        ),
+    ]
+
+
+def plan_rules(dep: Deployment, gpu_bytes: list[tuple[int, str, int]], instance: str) -> str:
+    """``plan.rules.yml``: the plan's predicted framebuffer use of every GPU, as one recording
+    rule per GPU (``dsv4:gpu_fb_planned_bytes{deployment, instance, gpu, role}``, ``instance``
+    the GPU exporter's scrape target), so the board and DSV4GPUMemoryAbovePlan put the prediction
+    beside dcgm-exporter's measurement. ``gpu_bytes`` is (index, role, bytes)."""
+    rules = [
+        {"record": PLANNED_FB, "expr": f"vector({int(n)})",
+         "labels": {"deployment": dep.name, "instance": instance, "gpu": str(idx), "role": role}}
+        for idx, role, n in sorted(gpu_bytes)
+    ]
+    return yaml_text({"groups": [{"name": f"dsv4-{dep.name}-plan", "rules": rules}]})
 
 
 def rules_document(profile: Profile, dep: Deployment) -> dict[str, Any]:
@@ -388,7 +509,8 @@ def rules_document(profile: Profile, dep: Deployment) -> dict[str, Any]:
             {
                 "name": f"dsv4-{dep.name}",
                 # One group: rules in a group run in order, so alerts see this cycle's recordings.
-                "rules": recording_rules(dep) + [a.rule() for a in alerts(profile, dep)],
+                "rules": recording_rules(dep, bool(gpu_targets(profile, dep)))
+                + [a.rule() for a in alerts(profile, dep)],
             }
         ]
     }

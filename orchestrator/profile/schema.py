@@ -360,6 +360,10 @@ class AlertThresholds(_Strict):
         description="Alert when speculative decoding accepts fewer tokens a step than this.")
     for_minutes: int = Field(default=5, ge=1, le=1440,
                              description="How long a condition must hold before it alerts.")
+    gpu_memory_over_plan: float = Field(
+        default=0.05, ge=0.0, le=1.0,
+        description="DSV4GPUMemoryAbovePlan fires when a GPU's framebuffer in use exceeds the "
+        "plan's prediction for it by more than this share (0.05: 5%).")
 
 
 class Monitoring(_Strict):
@@ -372,6 +376,17 @@ class Monitoring(_Strict):
     textfile_dir: SafePath | None = Field(
         default=None,
         description="node-exporter textfile collector dir for dsv4ctl's own metrics (optional).",
+    )
+    gpu_exporter: Literal["dcgm", "none"] = Field(
+        default="dcgm",
+        description="GPU metrics exporter scraped beside the engines on every engine host: "
+        "'dcgm' (NVIDIA dcgm-exporter, its default listener :9400 and default counters; it is "
+        "not installed by dsv4ctl) or 'none' (no GPU job, no GPU rows or alerts).",
+    )
+    gpu_exporter_port: Port = Field(
+        default=9400,
+        description="Port of the GPU exporter on each engine host (dcgm-exporter's default "
+        "listener is :9400, NVIDIA dcgm-exporter command reference).",
     )
 
 

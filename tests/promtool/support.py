@@ -77,6 +77,8 @@ class Sims:
         self.control: dict[str, Any] = {"by_port": {}}
         self.procs: list[subprocess.Popen[bytes]] = []
         self.bootstrap: dict[str, int] = {}  # prefill URL -> its bootstrap port
+        self.router_metrics: dict[str, int] = {}  # router URL -> its metrics (prometheus) port
+        self.by_url: dict[str, subprocess.Popen[bytes]] = {}
         (tmp / "model").mkdir()
 
     def _env(self) -> dict[str, str]:
@@ -93,10 +95,24 @@ class Sims:
                                 stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
+        self.by_url[url] = proc
         wait_ready(url + ready, proc)
         return url
 
-    def engine(self, *, mode: str | None = None, parsers: bool = True, **switches: Any) -> str:
+    def kill(self, url: str) -> None:
+        """Stop the process serving ``url`` (one this object started) at once."""
+        proc = self.by_url[url]
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def dcgm(self, state: Path) -> str:
+        """The dcgm-exporter stand-in (tests/sim/dcgm.py) reading its values from ``state``."""
+        port = free_port()
+        return self._spawn(["tests.sim.dcgm", "--host", "127.0.0.1", "--port", str(port),
+                            "--state", str(state)], port, {}, "/metrics")
+
+    def engine(self, *, mode: str | None = None, parsers: bool = True,
+               extra: tuple[str, ...] = (), **switches: Any) -> str:
         port = free_port()
         args = ["tests.sim.engine", "serve", "--model-path", str(self.tmp / "model"),
                 "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
@@ -108,7 +124,7 @@ class Sims:
         if mode is not None:
             args += ["--disaggregation-mode", mode, "--disaggregation-transfer-backend",
                      "mooncake_tcp", "--disaggregation-bootstrap-port", str(boot)]
-        url = self._spawn(args, port, switches, "/ready")
+        url = self._spawn([*args, *extra], port, switches, "/ready")
         self.bootstrap[url] = boot
         return url
 
@@ -124,9 +140,12 @@ class Sims:
             assert prefill is not None and decode is not None
             args = ["sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill,
                     str(self.bootstrap[prefill]), "--decode", decode]
+        metrics = free_port()
         args += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-                 "--prometheus-port", str(free_port()), *extra]
-        return self._spawn(args, port, {}, "/readiness")
+                 "--prometheus-port", str(metrics), *extra]
+        url = self._spawn(args, port, {}, "/readiness")
+        self.router_metrics[url] = metrics
+        return url
 
     def stop(self) -> None:
         for p in self.procs:

@@ -85,7 +85,7 @@ def test_prometheus_scrapes_and_evaluates_the_shipped_config(tmp_path: Path) -> 
         assert up[0]["metric"]["job"] == "dsv4-live-engine"
         kv = wait_for(base, 'dsv4:kv_full_usage:max{deployment="live"}')
         assert kv[0]["metric"] == {"__name__": "dsv4:kv_full_usage:max", "deployment": "live",
-                                   "role": "engine"}
+                                   "role": "engine", "instance": f"127.0.0.1:{port}"}
         assert float(kv[0]["value"][1]) == pytest.approx(0.97)
         alert = wait_for(base, 'ALERTS{alertname="DSV4KVCacheFullPoolHigh"}')
         assert alert[0]["metric"]["alertstate"] == "pending"  # `for: 5m` has not elapsed

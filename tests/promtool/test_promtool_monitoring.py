@@ -23,6 +23,7 @@ import yaml
 
 from orchestrator.monitoring import dashboard, release_files
 from orchestrator.monitoring.metrics import KNOWN_SERIES
+from orchestrator.monitoring.prometheus import PLANNED_FB
 from orchestrator.monitoring.selfmetrics import ReleaseMetrics, status_text, textfile_for
 from orchestrator.paths import data_dir
 from orchestrator.profile.loader import load_text
@@ -79,6 +80,7 @@ def test_every_alert_has_firing_and_quiet_cases(shipped: tuple[Profile, Any, Pat
         expected |= {"DSV4PDBootstrapFailures", "DSV4PDTransferFailures"}
     if dep.speculative_algorithm != "none":
         expected.add("DSV4SpecAcceptanceCollapsed")
+    expected |= {"DSV4GPUXidError", "DSV4GPUMemoryAbovePlan"}  # gpu_exporter: dcgm (default)
     assert names == expected
     for name in names:
         cases = [t["alert_rule_test"][0] for t in tests
@@ -152,6 +154,7 @@ def test_only_real_metric_names(shipped: tuple[Profile, Any, Path]) -> None:
     exprs += [e for _, _, e in dashboard.expressions(
         json.loads((d / "grafana-dashboard.json").read_text()))]
     used = {m for e in exprs for m in SELECTOR.findall(e)}
+    recorded.add(PLANNED_FB)  # recorded by plan.rules.yml, which apply writes from the plan
     unknown = used - KNOWN_SERIES - recorded
     assert not unknown, f"metric names not exported by sglang 0.5.23 / router 0.3.2: {unknown}"
 
@@ -165,7 +168,8 @@ def qa_profile() -> tuple[Profile, Any]:
     data["speculative"] = {"algorithm": "eagle", "num_steps": 3, "num_draft_tokens": 4}
     data["monitoring"] = {"alerts": {"kv_usage_high": 0.8, "swa_usage_high": 0.9,
                                      "queue_high": 10, "ttft_p95_s": 2.0, "itl_p95_s": 0.1,
-                                     "spec_accept_length_min": 2.0, "for_minutes": 2}}
+                                     "spec_accept_length_min": 2.0, "for_minutes": 2,
+                                     "gpu_memory_over_plan": 0.2}}
     profile = load_text(Profile, yaml.safe_dump(data), "qa.yaml")
     return profile, resolve_inline(profile)
 

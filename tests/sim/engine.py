@@ -357,6 +357,7 @@ class EngineHandler(Handler):
                 m.prompt_tokens_total += prompt_tokens
                 m.requests_total += 1
                 m.queue_time.observe(time.monotonic() - t0)
+                m.note_kv_transfer()
             if float(e.sw["ttft_s"]) > 0:
                 time.sleep(float(e.sw["ttft_s"]))
             first = last = None

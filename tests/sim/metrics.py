@@ -18,6 +18,18 @@ from typing import Any
 
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 E2E_BUCKETS = [*TTFT_BUCKETS, 600, 1200, 1800, 2400]
+# PD KV transfer histograms (metrics_collector.py SchedulerMetricsCollector, scheduler labels)
+KV_TRANSFER_BUCKETS = {
+    "sglang:kv_transfer_speed_gb_s": [0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400],
+    "sglang:kv_transfer_latency_ms": [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000],
+    "sglang:kv_transfer_bootstrap_ms": [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500],
+    "sglang:kv_transfer_alloc_ms": [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500],
+    "sglang:kv_transfer_total_mb": [1, 5, 10, 50, 100, 500, 1000, 5000, 10000],
+}
+# what one simulated transfer observes (a 64 MB KV at 20 GB/s)
+KV_TRANSFER_SAMPLE = {"sglang:kv_transfer_speed_gb_s": 20.0, "sglang:kv_transfer_latency_ms": 12.0,
+                      "sglang:kv_transfer_bootstrap_ms": 2.0, "sglang:kv_transfer_alloc_ms": 1.0,
+                      "sglang:kv_transfer_total_mb": 64.0}
 ITL_BUCKETS = [
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0,
@@ -93,9 +105,16 @@ class EngineMetrics:
         self.e2e = {s: Histogram(E2E_BUCKETS) for s in ("true", "false")}
         self.itl = Histogram(ITL_BUCKETS)
         self.queue_time = Histogram(TTFT_BUCKETS)
+        self.kv_transfer = ({n: Histogram(b) for n, b in KV_TRANSFER_BUCKETS.items()}
+                            if engine_type in ("prefill", "decode") else {})
         self.cache_hit_rate = 0.0
         self.spec_accept_length = 3.2
         self.overrides: dict[str, float] = {}
+
+    def note_kv_transfer(self) -> None:
+        """One request's KV transfer (PD roles only; caller holds the lock)."""
+        for name, h in self.kv_transfer.items():
+            h.observe(KV_TRANSFER_SAMPLE[name])
 
     def note_tokens(self, n: int) -> None:
         with self.lock:
@@ -143,11 +162,6 @@ class EngineMetrics:
         if self.engine_type == "prefill":
             gauges["sglang:num_prefill_bootstrap_queue_reqs"] = 0.0
             gauges["sglang:num_prefill_inflight_queue_reqs"] = self.running / nr
-            gauges["sglang:kv_transfer_latency_ms"] = 12.0
-            gauges["sglang:kv_transfer_speed_gb_s"] = 20.0
-            gauges["sglang:kv_transfer_total_mb"] = 64.0
-            gauges["sglang:kv_transfer_bootstrap_ms"] = 2.0
-            gauges["sglang:kv_transfer_alloc_ms"] = 1.0
         if self.engine_type == "decode":
             gauges["sglang:num_decode_prealloc_queue_reqs"] = 0.0
             gauges["sglang:num_decode_transfer_queue_reqs"] = 0.0
@@ -192,6 +206,11 @@ class EngineMetrics:
             out.append(f"# HELP {name} Simulated {name}.")
             out.append(f"# TYPE {name} histogram")
             out.extend(h.lines(name, tok))
+        for name, h in sorted(self.kv_transfer.items()):
+            out.append(f"# HELP {name} Simulated {name}.")
+            out.append(f"# TYPE {name} histogram")
+            for lab in ranks:
+                out.extend(h.lines(name, lab))
         return "\n".join(out) + "\n"
 
 

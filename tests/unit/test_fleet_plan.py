@@ -308,7 +308,9 @@ def test_render_writes_every_host_of_a_fleet(tmp_path: Path, capsys: pytest.Capt
     assert sorted(p.name for p in out.iterdir()) == ["gpu-a", "gpu-b", "gpu-c", "router-1"]
     assert "10.0.1.13" in (out / "gpu-c" / "bin" / "launch-engine.sh").read_text()
     assert "--worker-urls" in (out / "router-1" / "bin" / "launch-router.sh").read_text()
-    assert not (out / "router-1" / "monitoring").exists()  # no engine there
+    # the router's host runs no engine but watches the whole fleet: one Prometheus config for all
+    fleet_scrape = (out / "router-1" / "monitoring" / "prometheus.yml").read_text()
+    assert all(f"10.0.1.1{i}:30000" in fleet_scrape for i in (1, 2, 3))
     capsys.readouterr()
     assert main(["render", str(PROFILES / "fleet-3x.yaml"), "--host", "gpu-x"]) == 1
     assert "not a host of" in capsys.readouterr().err

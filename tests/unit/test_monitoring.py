@@ -54,10 +54,13 @@ def test_release_files_are_deterministic_and_complete() -> None:
 def test_scrape_config_pd() -> None:
     profile, dep = resolved(PD)
     cfg = yaml.safe_load(release_files(profile, dep)["prometheus.yml"])
-    assert cfg["rule_files"] == ["rules.yml"]
+    assert cfg["rule_files"] == ["rules.yml", "plan*.rules.yml"]
     assert cfg["global"]["scrape_interval"] == "15s"
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    assert set(jobs) == {"dsv4-default-engine", "dsv4-default-router"}
+    assert set(jobs) == {"dsv4-default-engine", "dsv4-default-router", "dsv4-default-gpu"}
+    # dcgm-exporter's default listener on the engines' host
+    assert jobs["dsv4-default-gpu"]["static_configs"] == [
+        {"targets": ["127.0.0.1:9400"], "labels": {"deployment": "default", "role": "gpu"}}]
     targets = {sc["labels"]["role"]: sc["targets"] for sc in jobs["dsv4-default-engine"]
                ["static_configs"]}
     assert targets == {"prefill": [f"127.0.0.1:{dep.role('prefill').port}"],
@@ -72,7 +75,8 @@ def test_colocated_has_no_router_or_pd_parts() -> None:
     profile, dep = resolved(COLO)
     files = release_files(profile, dep)
     cfg = yaml.safe_load(files["prometheus.yml"])
-    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["dsv4-mxfp4-tp8-engine"]
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["dsv4-mxfp4-tp8-engine",
+                                                             "dsv4-mxfp4-tp8-gpu"]
     assert cfg["scrape_configs"][0]["static_configs"][0]["labels"]["role"] == "engine"
     assert "Router" not in files["rules.yml"] and "PDBootstrap" not in files["rules.yml"]
     titles = [p["title"] for p in json.loads(files["grafana-dashboard.json"])["panels"]]
@@ -213,3 +217,153 @@ def test_router_metric_names_exist_in_router_0_3_2() -> None:
     for m in METRICS.values():
         if m.name.startswith("smg_"):
             assert m.name.encode() in blob, f"{m.name} not found in {binaries[0].name}"
+
+
+def _sglang_declarations() -> dict[str, str]:
+    """Every metric SGLang 0.5.23 declares under srt/observability: name -> prometheus_client
+    class (Counter names without the _total prometheus_client adds on exposition)."""
+    out: dict[str, str] = {}
+    for path in _package_file("sglang", "srt", "observability").glob("*.py"):
+        src = path.read_text()
+        for m in re.finditer(r'(Counter|Gauge|Histogram|Summary)\(\s*name="(sglang:[a-z_0-9]+)"',
+                             src):
+            out[m.group(2)] = m.group(1)
+    assert len(out) > 100, "sglang's metric declarations were not found"
+    return out
+
+
+def _sim_families(engine_type: str, speculative: bool) -> dict[str, str]:
+    from tests.sim.metrics import EngineMetrics
+
+    m = EngineMetrics(model_name="m", engine_type=engine_type, attn_dp_size=2,
+                      max_total_tokens=1000, speculative=speculative, start_time=0.0)
+    with m.lock:
+        m.note_kv_transfer()
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", m.render(), re.M))
+
+
+@pytest.mark.parametrize("engine_type", ["unified", "prefill", "decode"])
+def test_simulator_exports_only_sglang_0_5_23_names(engine_type: str) -> None:
+    """The simulator's /metrics families are metrics SGLang 0.5.23 declares, with its types: a
+    name SGLang does not export (or a histogram shown as a gauge) would let a rule pass here and
+    never fire on a real engine."""
+    declared = _sglang_declarations()
+    for name, typ in _sim_families(engine_type, speculative=True).items():
+        base = name.removesuffix("_total") if typ == "counter" else name
+        assert base in declared or name in declared, f"simulator exports {name}: not in sglang"
+        want = declared.get(base) or declared[name]
+        assert want.lower() == typ, f"simulator exports {name} as {typ}, sglang as {want}"
+
+
+def test_simulator_name_check_can_fail() -> None:
+    declared = _sglang_declarations()
+    assert "sglang:kv_transfer_latency_ms" in declared and declared[
+        "sglang:kv_transfer_latency_ms"] == "Histogram"  # the simulator once showed it as a gauge
+    assert "sglang:num_queue_requests" not in declared
+
+
+def test_gpu_exporter_none_drops_the_gpu_parts() -> None:
+    profile, dep = variant(PD, monitoring__gpu_exporter="none")
+    files = release_files(profile, dep)
+    cfg = yaml.safe_load(files["prometheus.yml"])
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["dsv4-default-engine",
+                                                             "dsv4-default-router"]
+    assert cfg["rule_files"] == ["rules.yml"]
+    assert "DCGM" not in files["rules.yml"] and "DCGM" not in files["grafana-dashboard.json"]
+    on = release_files(*resolved(PD))
+    titles = [p["title"] for p in json.loads(on["grafana-dashboard.json"])["panels"]]
+    assert titles[0] == "GPUs (dcgm-exporter)"  # the board opens with the GPUs
+    assert {"GPU utilization", "Framebuffer used vs plan", "Framebuffer drift from plan",
+            "Power draw", "GPU temperature"} <= set(titles)
+
+
+def test_gpu_exporter_port_and_bad_value() -> None:
+    profile, dep = variant(COLO, monitoring__gpu_exporter_port=9500)
+    cfg = yaml.safe_load(release_files(profile, dep)["prometheus.yml"])
+    assert cfg["scrape_configs"][-1]["static_configs"][0]["targets"] == ["127.0.0.1:9500"]
+    with pytest.raises(Exception) as exc:
+        variant(COLO, monitoring__gpu_exporter="nvml")
+    assert "monitoring.gpu_exporter" in repr(exc.value) and "dcgm, none" in repr(exc.value)
+
+
+def test_fleet_router_host_scrapes_the_whole_fleet() -> None:
+    from tests.validate.helpers import render_fleet
+
+    trees = render_fleet(data_dir("profiles") / "fleet-3x.yaml")
+    cfg = yaml.safe_load(trees["router-1"].all_files()["monitoring/prometheus.yml"].content)
+    jobs = {j["job_name"]: [t for c in j["static_configs"] for t in c["targets"]]
+            for j in cfg["scrape_configs"]}
+    assert jobs == {"dsv4-fleet-3x-engine": ["10.0.1.11:30000", "10.0.1.12:30000",
+                                             "10.0.1.13:30000"],
+                    "dsv4-fleet-3x-router": ["127.0.0.1:29000"],
+                    "dsv4-fleet-3x-gpu": ["10.0.1.11:9400", "10.0.1.12:9400", "10.0.1.13:9400"]}
+    own = yaml.safe_load(trees["gpu-b"].all_files()["monitoring/prometheus.yml"].content)
+    assert [t for j in own["scrape_configs"] for c in j["static_configs"]
+            for t in c["targets"]] == ["10.0.1.12:30000", "10.0.1.12:9400"]
+
+
+def test_plan_rules_carry_the_plans_per_gpu_prediction() -> None:
+    from orchestrator.monitoring import plan_rules_file
+    from orchestrator.planner.build import build_plan, load_context
+
+    plan = build_plan(load_context(PD, None))
+    path, text = plan_rules_file(plan) or ("", "")
+    assert path == "monitoring/plan.rules.yml"
+    rules = yaml.safe_load(text)["groups"][0]["rules"]
+    need = {c.role: c.headroom_need_bytes for c in plan.capacity}
+    want = {str(g.index): g.preload_bytes + g.weights_bytes + g.kv_bytes + g.req_to_token_bytes
+            + need[g.role] for g in plan.gpus if g.role}
+    assert {r["labels"]["gpu"]: int(r["expr"][7:-1]) for r in rules} == want
+    assert all(0 < n < plan.gpus[0].total_bytes for n in want.values())
+    assert {r["labels"]["instance"] for r in rules} == {"127.0.0.1:9400"}
+
+
+def _subset_missing(ours: Any, theirs: Any, where: str = "") -> list[str]:
+    """Paths of values in ``ours`` that ``theirs`` lacks or holds differently."""
+    if isinstance(ours, dict):
+        if not isinstance(theirs, dict):
+            return [where or "/"]
+        return [p for k, v in ours.items() for p in (
+            [f"{where}/{k}"] if k not in theirs else _subset_missing(v, theirs[k], f"{where}/{k}"))]
+    if isinstance(ours, list):
+        if not isinstance(theirs, list) or len(ours) != len(theirs):
+            return [where]
+        return [p for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+                for p in _subset_missing(a, b, f"{where}[{i}]")]
+    return [] if ours == theirs else [where]
+
+
+def _sdk_roundtrip(doc: dict[str, Any]) -> dict[str, Any]:
+    """The board decoded by grafana-foundation-sdk's Dashboard model and encoded again: what
+    Grafana's own schema (the SDK is generated from it) knows of it."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    return json.loads(JSONEncoder().encode(Dashboard.from_json(doc)))
+
+
+@pytest.mark.parametrize("path", [PD, COLO, data_dir("profiles") / "fleet-3x.yaml"],
+                         ids=lambda p: p.stem)
+def test_dashboard_parses_with_grafana_foundation_sdk(path: Path) -> None:
+    """Every field the board sets survives Grafana's dashboard model unchanged (a misspelt or
+    misplaced key would be dropped by the decoder); the import-time ``__inputs``/``__requires``
+    and the null ``id`` are outside the model."""
+    from tests.validate.helpers import render_fleet
+
+    if path.stem == "fleet-3x":
+        text = render_fleet(path)["router-1"].all_files()["monitoring/grafana-dashboard.json"].content
+    else:
+        text = release_files(*resolved(path))["grafana-dashboard.json"]
+    doc = json.loads(text)
+    ours = {k: v for k, v in doc.items() if k not in ("__inputs", "__requires", "id")}
+    assert doc["id"] is None
+    assert _subset_missing(ours, _sdk_roundtrip(doc)) == []
+
+
+def test_sdk_parse_check_can_fail() -> None:
+    doc = json.loads(release_files(*resolved(COLO))["grafana-dashboard.json"])
+    doc["panels"][1]["gridpos"] = doc["panels"][1].pop("gridPos")
+    doc["panels"][2]["fieldconfig"] = doc["panels"][2].pop("fieldConfig")
+    missing = _subset_missing({k: v for k, v in doc.items() if k != "__inputs"},
+                              _sdk_roundtrip(doc))
+    assert "/panels[1]/gridpos" in missing and "/panels[2]/fieldconfig" in missing
