@@ -220,7 +220,8 @@ def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]
     assert env.serves() and env.lock_free()
     # the release holds the tree, the applyable resolved profile, the plan and the manifest
     for rel_path in ("units/dsv4-itest-decode.service", "bin/launch-decode.sh",
-                     "profile.yaml", "plan.json", "manifest.json"):
+                     "profile.yaml", "plan.json", "manifest.json",
+                     "monitoring/plan.rules.yml"):  # the plan's per-GPU memory, for Prometheus
         assert env.fake.exec(f"test -f {ROOT}/releases/{rel}/{rel_path}").returncode == 0
     before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
     capsys.readouterr()
