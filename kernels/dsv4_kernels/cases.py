@@ -115,6 +115,59 @@ def make_decode_case(
                       extra_len)
 
 
+def make_prefill_case(
+    g: torch.Generator,
+    *,
+    rows: int,
+    heads: int,
+    swa: int = 128,
+    topk: int = 1024,
+    context: int = 65536,
+    page_size: int = 256,
+    extra_page_size: int = 64,
+    overlap_noise: float = 0.5,
+    device: str = "cpu",
+) -> DecodeCase:
+    """One prefill chunk as SGLang hands it to the sparse decode: ``rows`` consecutive positions
+    of one request ending at ``context``, each row a "batch" entry with s_q = 1.
+
+    Row i (position p) attends to its SWA window (the ``swa`` slots up to p) and to ``topk`` of
+    the request's C4 compressed keys before it (``context // 4`` in all), chosen the way the
+    indexer does, by score: a per-request score per key plus per-row noise of ``overlap_noise``
+    standard deviations, so that neighbouring rows select mostly the same keys (what a chunk's
+    rows share, and what a kernel can reuse through L2).
+    """
+    if rows > context:
+        raise ValueError(f"rows ({rows}) must not exceed the context ({context})")
+    n_comp = context // 4
+    pages = -(-context // page_size)
+    k_cache = quantize_model1(torch.randn(pages, page_size, 512, generator=g).to(device))
+    pages_e = -(-n_comp // extra_page_size)
+    extra_cache = quantize_model1(torch.randn(pages_e, extra_page_size, 512,
+                                              generator=g).to(device))
+    pos = torch.arange(context - rows, context)
+    win = pos.view(-1, 1) - torch.arange(swa - 1, -1, -1).view(1, -1)
+    idx = torch.where(win >= 0, win, -1).to(torch.int32)
+    avail = ((pos + 1) // 4).clamp(max=n_comp)  # compressed keys before each row
+    score = torch.randn(n_comp, generator=g).view(1, -1) + overlap_noise * torch.randn(
+        rows, n_comp, generator=g)
+    score = score.masked_fill(torch.arange(n_comp).view(1, -1) >= avail.view(-1, 1),
+                              float("-inf"))
+    k = min(topk, n_comp)
+    top = score.topk(k, dim=1)
+    extra_idx = torch.where(torch.isfinite(top.values), top.indices, -1).to(torch.int32)
+    if k < topk:
+        extra_idx = torch.cat([extra_idx, torch.full((rows, topk - k), -1, dtype=torch.int32)], 1)
+    extra_len = avail.clamp(max=topk).to(torch.int32)
+    # valid entries first (the indexer's top-k output is a prefix of valid slots)
+    extra_idx = extra_idx.gather(1, (extra_idx < 0).to(torch.int8).argsort(dim=1, stable=True))
+    q = torch.randn(rows, 1, heads, 512, generator=g).to(device=device, dtype=torch.bfloat16)
+    return DecodeCase(q, k_cache, idx.view(rows, 1, swa).to(device),
+                      torch.full((rows,), swa, dtype=torch.int32, device=device), 512 ** -0.5,
+                      torch.randn(heads, generator=g).to(device), extra_cache,
+                      extra_idx.view(rows, 1, topk).to(device), extra_len.to(device))
+
+
 def compare_decode(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor,
                    ref_lse: torch.Tensor) -> dict[str, object]:
     """FlashMLA-style closeness: elementwise out (abs 4e-3 + rel 2/128), lse abs 1e-3, inf match."""

@@ -334,7 +334,7 @@ def _window_base(l_row, n, SAMPLE: tl.constexpr, RUN: tl.constexpr, MSH: tl.cons
     of a row computes the same value. ``RUN`` 1: single keys at stride ``n / SAMPLE`` (one
     32-byte sector each, which at 2048 samples of a 32K row touches every other sector);
     ``RUN`` > 1: ``SAMPLE / RUN`` runs of ``RUN`` consecutive keys, ``RUN / 8`` sectors each
-    (radix3, where every program of a row takes the sample: H200 run 1, launch A 21.5 µs with
+    (radix3, where every program of a row takes the sample: on the H200, launch A 21.5 µs with
     2048 single keys)."""
     i = tl.arange(0, SAMPLE)
     if RUN == 1:
@@ -679,7 +679,7 @@ def indexer_topk(
 # warps 36.4 µs vs 2048 x 8 40.6, 512 x 4 37.3; nprog 8 vs 4 38.4, 16 37.8; select 1024 x 4
 # 35.9 vs 2048 x 8 36.4 vs 2048 x 16 36.6. radix3 sends every row longer than k through the
 # list (``direct`` default k): its select on the row itself (one program per row) cost more at
-# short rows (run 3 top-k share, 4K: 20.3 vs 16.8 µs; 16K: 37.5 vs 32.4).
+# short rows (H200, top-k share, 4K: 20.3 vs 16.8 µs; 16K: 37.5 vs 32.4).
 R3_BLOCK, R3_WARPS, R3_SEL_BLOCK, R3_SEL_WARPS = 1024, 4, 1024, 4
 
 

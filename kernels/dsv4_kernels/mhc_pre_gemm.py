@@ -35,8 +35,8 @@ from ._runtime import interpreting
 HC = 4  # DeepSeek-V4 hc_mult; the kernel is written for four streams
 N_PAD = 32  # 24 mix outputs padded to a tensor-core-friendly 32
 BLOCK_M = 16  # rows per program (the smallest bf16 mma M)
-SPLIT = 64  # split-K programs per row block (fixed: batch invariance; device run 3)
-WARPS = 2  # device run 3: 6.4 µs at 64 rows against 7.9 with 4 warps, equal below
+SPLIT = 64  # split-K programs per row block (fixed: batch invariance; H200, issue 25)
+WARPS = 2  # H200 (issue 25): 6.4 µs at 64 rows against 7.9 with 4 warps, equal below
 PACKED = False  # weight halves stored [4H, 24] (packed) or padded to [4H, 32]
 
 
@@ -178,7 +178,7 @@ def split_fn_bf16(fn: torch.Tensor, packed: bool = PACKED) -> tuple[torch.Tensor
     Cached on the weight tensor itself (as SGLang caches its own bf16xfp32 weight split), keyed
     by its storage and version: an in-place weight update bumps the version and the next call
     splits again. A cache keyed by address alone would hand a freed weight's split to a new
-    tensor at the same address (seen in device run 2 of issue 25).
+    tensor at the same address (seen on the H200 in issue 25).
     """
     key = (fn.data_ptr(), tuple(fn.shape), fn._version, packed)
     got = getattr(fn, _CACHE_ATTR, None)

@@ -12,6 +12,13 @@ harmless to the 0.5.23 caller (``deepseek_v4_backend.py`` keeps only ``[0]``, th
 the returned LSE is FlashMLA's sink-exclusive one (SGLang's Triton path returns a
 sink-inclusive LSE, see research/kernels.md section 3.2), and rows without keys give LSE +inf.
 
+Real heads only (:func:`real_heads`): with fewer than 64 heads per rank SGLang pads a decode
+call's query to 64 heads (``deepseek_v4.py`` ``_kernel_num_heads`` and the ``q_padded`` it
+fills with ``new_empty``: the padding holds whatever memory held) and its consumer reads only
+``o[:, :n_local_heads]`` (``tp_slice``) after ``deepseek_v4_backend.py`` keeps ``[0]`` of the
+result. The decode entry point computes only the rank's real heads and writes the padded ones
+as a head without keys: output 0, LSE +inf.
+
 ``load_sglang_functions`` pulls named top-level functions out of an SGLang source file with
 ``ast`` so the CPU test and the benchmark can run SGLang's own fallbacks without importing the
 rest of the engine (its ``dsv4.indexer`` module needs GPU-only packages at import).
@@ -20,7 +27,9 @@ rest of the engine (its ``dsv4.indexer`` module needs GPU-only packages at impor
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
+import sys
 import typing
 from typing import Any
 
@@ -59,6 +68,7 @@ def flash_mla_sparse_decode_triton(
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     t = q.shape[0]
+    real = real_heads(q.shape[-2], t)
     idx = indices.reshape(t, 1, -1).to(torch.int32)
     ex = extra_indices.reshape(t, 1, -1).to(torch.int32) if extra_indices is not None else None
     return sparse_mla_decode(
@@ -66,8 +76,81 @@ def flash_mla_sparse_decode_triton(
         _i32(topk_length), float(softmax_scale),
         attn_sink.float() if attn_sink is not None else None,
         extra_k_cache.view(torch.uint8) if extra_k_cache is not None else None, ex,
-        _i32(extra_topk_length),
+        _i32(extra_topk_length), real_heads=real,
     )
+
+
+# SGLang 0.5.23's constants for the padding (``flash_mla_sm120.SM120_DECODE_MAX_TOKENS``: calls
+# above it are prefill and get the native width; ``_kernel_num_heads``: pad to 64 heads, or to
+# all heads past 64 a rank)
+SM120_DECODE_MAX_TOKENS = 64
+PADDED_HEADS = 64
+
+
+def padded_real_heads(q_heads: int, num_tokens: int, n_heads: int, attn_tp_size: int) -> int | None:
+    """The real heads of a call SGLang padded, or None when it did not pad this call.
+
+    Mirrors ``DeepseekV4Attention._kernel_num_heads`` for the Triton backend: a rank holds
+    ``n_heads // attn_tp_size`` heads; with ``attn_tp_size == 1``, or above
+    ``SM120_DECODE_MAX_TOKENS`` tokens, the query has its native width; otherwise it is padded
+    to 64 heads (to ``n_heads`` past 64 a rank). Any other width is not a padding this knows, and
+    every head is computed."""
+    if attn_tp_size <= 1 or num_tokens > SM120_DECODE_MAX_TOKENS or n_heads % attn_tp_size:
+        return None
+    local = n_heads // attn_tp_size
+    padded = PADDED_HEADS if local <= PADDED_HEADS else n_heads
+    return local if q_heads == padded and local < q_heads else None
+
+
+_MODEL_HEADS: list[int] = []  # the served model's heads, once read
+
+
+def _model_heads() -> int | None:
+    """``num_attention_heads`` of the served model, read the way SGLang reads its config
+    (``get_config`` on the published model arguments, the call ``ModelConfig`` makes, cached
+    by SGLang); None where SGLang has not published them (outside the engine)."""
+    if _MODEL_HEADS:
+        return _MODEL_HEADS[0]
+    try:
+        from sglang.srt.runtime_context import get_model
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        m = get_model()
+        cfg = get_config(m.model_path, trust_remote_code=m.trust_remote_code,
+                         revision=m.revision,
+                         model_override_args=json.loads(m.json_model_override_args or "{}"),
+                         model_config_parser=m.model_config_parser)
+        cfg = getattr(cfg, "text_config", None) or cfg
+        _MODEL_HEADS.append(int(cfg.num_attention_heads))
+        return _MODEL_HEADS[0]
+    except Exception:  # not in an engine, or a layout this cannot read: compute every head
+        return None
+
+
+def _attn_tp_size() -> int | None:
+    """The attention TP width in force for this call: ``get_parallel().attn_tp_size``, or the
+    CP decode width while SGLang's CP decode-attention-TP context is on (``deepseek_v4.py``
+    ``maybe_use_decode_attn_tp`` then re-cuts the heads by it)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        cp = sys.modules.get("sglang.srt.layers.cp.cp_decode_attn_tp")
+        ctx = getattr(cp, "_global_cp_decode_attn_tp_ctx", None) if cp else None
+        if ctx is not None and getattr(ctx, "use_decode_attn_tp", False):
+            return int(ctx.decode_tp_size)
+        return int(get_parallel().attn_tp_size)
+    except Exception:  # nothing published: not in an engine
+        return None
+
+
+def real_heads(q_heads: int, num_tokens: int) -> int | None:
+    """Heads of this decode call that hold queries, learnt from SGLang's model config and
+    parallel layout; None (compute every head) where either is unknown."""
+    n_heads = _model_heads()
+    tp = _attn_tp_size() if n_heads is not None else None
+    if n_heads is None or tp is None:
+        return None
+    return padded_real_heads(q_heads, num_tokens, n_heads, tp)
 
 
 def _i32(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   ``ws``/``wg``/``dsplit`` on sm_90, ``local``/``full`` where those cannot run. The Gluon
   variants live in ``wg_decode.py``/``ws_decode.py``; pieces all variants share in
   ``decode_common.py``. Variants no dispatch picks live in ``kernels/experimental`` and plug
-  in through :func:`register_variant`. Measurements: notes.
+  in through :func:`register_variant`. Measurements: docs/kernels-notes.md.
 
 Past 400 lines (about 1,250): the four Triton variants (``dsplit``, ``full``, ``pf``, ``local``)
 with their tile helpers, the combine kernel, then the host side (configs, dispatch, launch). The
@@ -762,7 +762,7 @@ _WG_SMEM = 218 * 1024
 # "ws" (ws_decode.py, BT 64 and a ring of 3 quarter-tile stages, its only tiles): 222.0 KB (Q 64
 # + two K tiles 128 + P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
 _WS_SMEM = 227_364 + 1024
-# Programs (rows x head blocks) from which ws leads wg on an H200 (notes v11, run 67, side
+# Programs (rows x head blocks) from which ws leads wg on an H200 (notes v11, side
 # by side: B=8/1024 20.5-20.6 against 20.6-20.7 us, B=64/512 32.3-32.4 against 33.1-33.5,
 # B=128/512 44.3 against 48.8; at B=5 ws loses, 15.8-16.1 against 14.7-14.9). Pages of a
 # power-of-two size only: a runtime division costs ws more than wg (B=64/512 with 61-token
@@ -861,7 +861,7 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
     | 160-200 KB                                  | otherwise                     | full     |
 
     ``wg``/``ws`` fall back to ``local`` when they refuse the inputs (``_wg_refusal``). The
-    H200 measurements behind each row are in notes ("dispatch"). ``local``
+    H200 measurements behind each row are in docs/kernels-notes.md. ``local``
     allocates a transient scratch of rows x splits x 2 tiles x 64 KB from the caller's
     allocator (the graph pool under capture).
     """
@@ -918,17 +918,28 @@ def dispatch_variants(max_shared: int, arch: int | None) -> tuple[str, ...]:
     return tuple(picks)
 
 
-def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int) -> int:
+def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int,
+                  small_smem: bool = False) -> int:
     """Splits per row so that rows x head blocks x splits roughly fills the GPU once.
 
     Uses static values only (batch, heads, the static top-k widths, SM count), so a CUDA graph
     captured for a batch size keeps a valid grid; the per-row share is re-cut on the device
-    from the real lengths.
+    from the real lengths. ``small_smem`` (sm_120's dispatch): where one wave of programs
+    would fill at most half the SMs, about two waves, keeping at least
+    :data:`SMALL_SMEM_MIN_TILES` tiles a split. On the H200 proxy of sm_120 (8 real heads of
+    a padded 64, B=64, local BH 16 / BT 32): 51.7 / 77.2 µs at 4 splits against 61.4 / 97.6 at
+    the one-wave 2 and 60.3 / 85.9 at 8 (top-k 512 / 1024; tools/sm120_calls.py, notes
+    "issue 29").
     """
     programs = max(1, rows * head_blocks)
     want = max(1, round(sms / programs))
+    if small_smem and 2 * programs <= sms:
+        want = max(want, min(round(2 * sms / programs), max_tiles // SMALL_SMEM_MIN_TILES))
     # Cap: every split adds an fp32 partial of H x 512 per row that the combine must read back.
     return int(max(1, min(want, max_tiles, 16)))
+
+
+SMALL_SMEM_MIN_TILES = 4
 
 
 # Raw-byte stages of wg that fit 227 KB next to Q, the K tile and P (Triton 3.6, sm_90:
@@ -999,12 +1010,16 @@ def sparse_mla_decode(
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
+    real_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode: ``(out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32)``.
 
     ``q`` is ``[B, s_q, H, 512]`` (or ``[B, H, 512]``); ``indices``/``extra_indices`` are int32
     physical slots (``page * page_size + offset``, -1 = invalid) ``[B, s_q, topk]``;
     ``topk_length``/``extra_topk_length`` are ``[B]`` int32 valid prefixes (``None`` = all).
+    ``real_heads``: only heads ``[0, real_heads)`` of ``q`` hold queries (the rest is padding,
+    as SGLang pads a rank's heads to 64 for its decode kernels); only those are computed, and
+    the padded heads get what a head without keys gets: output 0, LSE +inf.
     """
     cfg = config or DEFAULT_CONFIG
     if q.dim() == 3:
@@ -1012,6 +1027,9 @@ def sparse_mla_decode(
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"q must be [B, s_q, H, {HEAD_DIM}], got {tuple(q.shape)}")
     b, s_q, h, _ = q.shape
+    if real_heads is not None and not 1 <= real_heads <= h:
+        raise ValueError(f"real_heads must be in [1, {h}] (the query's heads), got {real_heads}")
+    hc = h if real_heads is None else real_heads  # the heads computed
     if q.stride(-1) != 1 or q.stride(1) != h * q.stride(2):
         q = q.contiguous()
     rows = b * s_q
@@ -1026,22 +1044,22 @@ def sparse_mla_decode(
     else:
         b_u8, b_bf, b_ps, b_pb, b_topk = a_u8, a_bf, a_ps, a_pb, 0
         extra_indices = indices
-    if attn_sink is not None and attn_sink.numel() < h:
-        raise ValueError(f"attn_sink needs >= {h} values (one per head), got {attn_sink.numel()}")
+    if attn_sink is not None and attn_sink.numel() < hc:
+        raise ValueError(f"attn_sink needs >= {hc} values (one per head), got {attn_sink.numel()}")
     for name, ln in (("topk_length", topk_length), ("extra_topk_length", extra_topk_length)):
         if ln is not None and (ln.dtype != torch.int32 or ln.numel() < b):
             raise ValueError(f"{name} must be int32 with >= {b} entries, got {ln.dtype} "
                              f"{tuple(ln.shape)}")
 
     max_shared = device_max_shared(q)
-    block_h = pf_block_h(h, max_shared, cfg.block_h, rows)
-    head_blocks = triton.cdiv(h, block_h)
+    block_h = pf_block_h(hc, max_shared, cfg.block_h, rows)
+    head_blocks = triton.cdiv(hc, block_h)
     sms = device_sms(q)
     # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
     # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
     pow2_pages = all(page_log2(ps) >= 0 for ps in (a_ps, b_ps))
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, max_shared,
-                                           device_arch(q), pow2_pages, heads=h)
+                                           device_arch(q), pow2_pages, heads=hc)
     variant = cfg.variant or auto_variant
     tiles = _tiles(variant)
     block_t = cfg.block_t or (auto_bt if variant == auto_variant and auto_bt else
@@ -1061,7 +1079,7 @@ def sparse_mla_decode(
                                               cfg.num_warps or nw)
     if variant in ("wg", "ws"):
         block_h = 64  # the wgmma grid's M; heads beyond h are masked
-        head_blocks = triton.cdiv(h, block_h)
+        head_blocks = triton.cdiv(hc, block_h)
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
 
     out = torch.empty(b, s_q, h, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
@@ -1070,10 +1088,19 @@ def sparse_mla_decode(
     o2 = out.view(rows, h, HEAD_DIM)
     lists = (_Keys(a_u8, a_bf, indices, topk_length, indices.shape[-1], a_ps, a_pb),
              _Keys(b_u8, b_bf, extra_indices, extra_topk_length, b_topk, b_ps, b_pb))
-    launch = _Launch(variant, has_b, attn_sink, h, s_q, float(sm_scale) * LOG2E, block_h,
+    launch = _Launch(variant, has_b, attn_sink, hc, s_q, float(sm_scale) * LOG2E, block_h,
                      block_t, num_warps, num_stages, col_blocks, cfg)
-    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms)
-    launch.rows(q2, lists[0], lists[1], o2, lse, nsplit)
+    nsplit = cfg.nsplit or choose_nsplit(rows, head_blocks * col_blocks, max(1, max_tiles), sms,
+                                         small_smem=max_shared < _FULL_SMEM)
+    if hc == h:
+        launch.rows(q2, lists[0], lists[1], o2, lse, nsplit)
+        return out, lse
+    # the kernels index the LSE as [B, heads computed, s_q] and the outputs by their strides
+    lse_c = torch.empty(b, hc, s_q, dtype=torch.float32, device=q.device)
+    launch.rows(q2, lists[0], lists[1], o2, lse_c, nsplit)
+    out[:, :, hc:].zero_()
+    lse[:, :hc].copy_(lse_c)
+    lse[:, hc:].fill_(float("inf"))
     return out, lse
 
 

@@ -2,7 +2,7 @@
 
 Why: in ``wg`` the same eight warps gather, dequantize and run the products, with one K
 buffer, so the dequantization sits on the critical path (ptxas schedules most of it after the
-wait of ``P V``: notes v10, run 48). Here ``gl.warp_specialize`` splits the program, as
+wait of ``P V``: notes v10). Here ``gl.warp_specialize`` splits the program, as
 FlashMLA does, and two K buffers let the two halves run concurrently:
 
 * a **producer** warpgroup (4 warps, 128 registers a thread) fills the K buffers in turn, a
@@ -150,7 +150,7 @@ def _load_idx(a_row, n_a, b_row, n_b, t, tiles_a, hi, h0, BT: gl.constexpr):
 @gluon.jit
 def _slots(idx, ps, pb, LOG2: gl.constexpr):
     """``_model1_slots`` with a shift and a mask for pages of 2^LOG2 tokens (LOG2 >= 0): a
-    division by a runtime page size puts a reciprocal on the issue path (ncu, run 58)."""
+    division by a runtime page size puts a reciprocal on the issue path (seen with ncu)."""
     if LOG2 >= 0:
         safe = gl.maximum(idx, 0).to(gl.int64)
         page = safe >> LOG2

@@ -207,3 +207,131 @@ def test_install_and_uninstall_pth(tmp_path: pathlib.Path,
     assert sglang_hook.main(["uninstall", "--site", str(tmp_path)]) == 0
     assert not pth.exists()
     capsys.readouterr()
+
+
+DSV4_MODEL_FILE = SGLANG_ROOT / "srt/models/deepseek_v4.py"
+
+
+def _sglang_method(path: pathlib.Path, cls: str, name: str, globs: dict) -> object:
+    """One method of an SGLang class, compiled from the installed source (the model module
+    itself needs transformers and CUDA-only packages at import)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    node = next(m for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
+                for m in c.body if isinstance(m, ast.FunctionDef) and m.name == name)
+    ns = dict(globs)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), ns)
+    return ns[name]
+
+
+def _dsv4_heads_methods(monkeypatch: pytest.MonkeyPatch):
+    """SGLang's own ``_kernel_num_heads`` and ``_local_attn_sink`` (DeepSeek-V4's attention), on
+    an sm_120 platform with the Triton FlashMLA backend."""
+    import types
+
+    import sglang.kernels.ops.attention.flash_mla_sm120 as fm
+    from sglang.srt.environ import envs
+
+    monkeypatch.setenv("SGLANG_SM120_FLASHMLA_BACKEND", "triton")
+    globs = {"get_platform": lambda: types.SimpleNamespace(is_sm120=True), "envs": envs,
+             "SM120_DECODE_MAX_TOKENS": fm.SM120_DECODE_MAX_TOKENS, "Optional": object,
+             "torch": torch}
+    cls = "MqaAttentionBase"  # DeepSeek-V4's attention (MQALayer) in 0.5.23
+    return (_sglang_method(DSV4_MODEL_FILE, cls, "_kernel_num_heads", globs),
+            _sglang_method(DSV4_MODEL_FILE, cls, "_local_attn_sink", globs))
+
+
+def test_padding_rule_mirrors_sglangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``padded_real_heads`` answers exactly where SGLang's ``_kernel_num_heads`` pads."""
+    import types
+
+    kernel_num_heads, _ = _dsv4_heads_methods(monkeypatch)
+    for n_heads in (64, 128):
+        for tp in (1, 2, 4, 8, 16):
+            local = n_heads // tp
+            me = types.SimpleNamespace(attn_tp_size=tp, n_local_heads=local, n_heads=n_heads)
+            for tokens in (1, 8, 64, 65, 2048):
+                width = kernel_num_heads(me, tokens)
+                want = local if width != local else None
+                assert sglang_compat.padded_real_heads(width, tokens, n_heads, tp) == want, \
+                    (n_heads, tp, tokens, width)
+
+
+def test_sglang_call_site_with_8_of_64_real_heads(gen: torch.Generator,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's decode call site at TP8 without attention-DP: its own padding rule widens the
+    query to 64 heads (the padding is ``new_empty`` garbage: NaN here), its own sink helper pads
+    the sink, its sm_120 dispatcher (``flash_mla_with_kvcache_sm120``, Triton backend) reaches
+    the hooked entry point, and its consumer keeps ``o[:, :8]``. The hooked kernel computes the
+    8 real heads only (seen at the launch), they match the float32 reference, and the padded
+    heads come back as heads without keys (0, LSE +inf), never as NaN."""
+    import types
+
+    import sglang.kernels.ops.attention.flash_mla_sm120 as fm
+    from sglang.srt.runtime_context import get_parallel
+
+    from dsv4_kernels import sparse_decode
+    from dsv4_kernels.reference import ref_sparse_decode
+
+    kernel_num_heads, local_attn_sink = _dsv4_heads_methods(monkeypatch)
+    real, n_heads, tp, tokens = 8, 64, 8, 3
+    c = make_decode_case(gen, batch=tokens, heads=n_heads, topk=64, extra_topk=64,
+                         page_size=64, extra_page_size=64, lengths="random", invalid_frac=0.1)
+    me = types.SimpleNamespace(attn_tp_size=tp, attn_tp_rank=2, n_local_heads=real,
+                               n_heads=n_heads, attn_sink=c.attn_sink, _attn_sink_local=None)
+    width = kernel_num_heads(me, tokens)
+    assert width == 64  # SGLang pads this call
+    q_real = c.q[:, 0, :real]
+    q_padded = torch.full((tokens, width, 512), float("nan"), dtype=torch.bfloat16)
+    q_padded[:, :real] = q_real  # what _forward_prepare writes through q_out = q_padded[:, :8]
+    sink = local_attn_sink(me, width)
+    assert sink.shape == (width,)
+
+    mod = _real_decode_module()
+    monkeypatch.setattr(mod, "flash_mla_sparse_decode_triton", mod.flash_mla_sparse_decode_triton)
+    assert [p.rsplit(".", 1)[-1] for p in sglang_hook.patch_module(mod)] == [
+        "flash_mla_sparse_decode_triton"]
+    monkeypatch.setattr(fm, "_sm120_default_backend", "triton")
+    monkeypatch.setattr(sglang_compat, "_model_heads", lambda: n_heads)  # the checkpoint's
+    seen: list[int | None] = []
+    launch = sparse_decode._Launch.rows
+
+    def spy(self, *a, **k):
+        seen.append(self.h)
+        return launch(self, *a, **k)
+
+    monkeypatch.setattr(sparse_decode._Launch, "rows", spy)
+    with get_parallel().override(attn_tp_size=tp):
+        o = fm.flash_mla_with_kvcache_sm120(
+            q=q_padded.unsqueeze(1), k_cache=c.k_cache, head_dim_v=512,
+            softmax_scale=c.sm_scale, indices=c.indices, topk_length=c.topk_length,
+            attn_sink=sink, extra_k_cache=c.extra_k_cache,
+            extra_indices_in_kvcache=c.extra_indices, extra_topk_length=c.extra_topk_length)[0]
+    o = o.squeeze(1)
+    assert seen == [real], "the kernel computed the padded heads too"
+    assert o.shape == (tokens, width, 512)
+    ref, _ = ref_sparse_decode(q_real.unsqueeze(1), c.k_cache, c.indices, c.topk_length,
+                               c.sm_scale, sink[:real], c.extra_k_cache, c.extra_indices,
+                               c.extra_topk_length)
+    kept = o[:, slice(0, me.n_local_heads), :].float()  # the consumer's tp_slice
+    assert not torch.isnan(kept).any()
+    assert torch.all((kept - ref[:, 0]).abs() <= 4e-3 + (2 / 128) * ref[:, 0].abs())
+    assert torch.equal(o[:, real:], torch.zeros_like(o[:, real:]))
+
+
+def test_unknown_layout_computes_every_head(gen: torch.Generator,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside an engine (nothing published) the entry point computes every head, as before."""
+    from dsv4_kernels import sparse_decode
+
+    monkeypatch.setattr(sglang_compat, "_MODEL_HEADS", [])
+    assert sglang_compat.real_heads(64, 4) is None
+    seen: list[int] = []
+    launch = sparse_decode._Launch.rows
+    monkeypatch.setattr(sparse_decode._Launch, "rows",
+                        lambda self, *a, **k: (seen.append(self.h), launch(self, *a, **k))[1])
+    c = make_decode_case(gen, batch=2, heads=16, topk=16, page_size=16)
+    sglang_compat.flash_mla_sparse_decode_triton(c.q, c.k_cache, c.indices, c.topk_length,
+                                                 c.attn_sink, 512, c.sm_scale)
+    assert seen == [16]

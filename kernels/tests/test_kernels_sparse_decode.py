@@ -359,3 +359,40 @@ def test_selftest_runs_the_tiles_the_dispatch_launches(monkeypatch: pytest.Monke
     assert tested <= dispatched, f"self-tested but never dispatched: {tested - dispatched}"
     if device == "h200":
         assert ("dsplit", 64, 64) in {t[:3] for t in dispatched}
+
+
+@pytest.mark.parametrize(("variant", "nsplit"), [("pf", 1), ("pf", 3), ("local", 1), ("local", 3)])
+def test_real_heads_only(gen: torch.Generator, variant: str, nsplit: int) -> None:
+    """A query padded past its real heads (SGLang's padding holds garbage: NaN here): only the
+    real heads are computed, equal to the reference on them; the padded heads come back as
+    heads without keys (output 0, LSE +inf)."""
+    c = make_decode_case(gen, batch=3, heads=32, topk=24, extra_topk=40, page_size=7,
+                         extra_page_size=5, lengths="random", invalid_frac=0.1)
+    real = 8
+    q = c.q.clone()
+    q[:, :, real:] = float("nan")
+    kw = dict(c.kwargs(), q=q)
+    cfg = DecodeConfig(block_h=16, block_t=16, num_warps=4, nsplit=nsplit, variant=variant)
+    out, lse = sparse_mla_decode(**kw, config=cfg, real_heads=real)
+    ref = ref_sparse_decode(**dict(kw, q=q[:, :, :real], attn_sink=c.attn_sink[:real]))
+    assert compare_decode(out[:, :, :real], lse[:, :real], *ref)["ok"]
+    assert torch.equal(out[:, :, real:], torch.zeros_like(out[:, :, real:]))
+    assert bool(torch.isposinf(lse[:, real:]).all())
+
+
+def test_real_heads_out_of_range_is_a_clear_error(gen: torch.Generator) -> None:
+    c = make_decode_case(gen, batch=1, heads=16, topk=16)
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="real_heads must be in"):
+            sparse_mla_decode(**c.kwargs(), real_heads=bad)
+
+
+def test_sm120_splits_fill_two_waves_for_few_programs() -> None:
+    """sm_120's dispatch: 8 heads at B=64 (one head block a row) on 132 SMs takes 4 splits (two
+    waves, at least 4 tiles each), the H200-proxy best; grids that fill half the SMs keep the
+    one-wave rule."""
+    assert choose_nsplit(64, 1, 20, 132, small_smem=True) == 4
+    assert choose_nsplit(64, 1, 20, 132) == 2
+    assert choose_nsplit(64, 1, 6, 132, small_smem=True) == 2  # too few tiles to cut further
+    assert choose_nsplit(64, 2, 20, 132, small_smem=True) == 1
+    assert choose_nsplit(8, 2, 20, 132, small_smem=True) == 8

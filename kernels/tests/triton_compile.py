@@ -6,8 +6,9 @@ and the bench's PTX check.
 compile in a subprocess (the test suite sets ``TRITON_INTERPRET=1``, under which Triton does not
 compile) and returns the shared memory Triton allocates, the registers a thread and the stack
 bytes a thread ptxas gives the cubin (``cuobjdump -res-usage``: stack in a Triton kernel is
-spills), ptxas's own spill-store/-load byte counts, and the count of each ``mma.sync`` and
-``wgmma`` shape in the PTX.
+spills), ptxas's own spill-store/-load byte counts, the count of each ``mma.sync`` and
+``wgmma`` shape in the PTX, and from the TTGIR the software pipeliner's shared-memory rings
+(``buffers``: shapes with their leading buffer count) and the depths of its async waits.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ ptrs = {"q_ptr": "*bf16", "a_bf16": "*bf16", "b_bf16": "*bf16", "o_ptr": "*bf16"
         "qk_scale": "fp32",
         # the combine
         "o_part": "*fp16" if consts.get("SCALED") else "*fp32", "l_part": "*fp32",
-        "k_part": "*fp32", "kv_ptr": "*bf16", "ok_ptr": "*i8",
+        "k_part": "*fp32", "b_delta": "i64", "kv_ptr": "*bf16", "ok_ptr": "*i8",
         # the indexer
         "w_ptr": "*fp32", "kv_u8": "*u8", "kv_f32": "*fp32", "pt_ptr": "*i32",
         "len_ptr": "*i32", "logit_ptr": "*fp32", "hist_ptr": "*i32", "base_ptr": "*i32",
@@ -77,6 +78,11 @@ with tempfile.TemporaryDirectory() as d:
 spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
 if spill is None:
     raise SystemExit("ptxas -v gave no spill line:\n" + info[-2000:])
+ir = k.asm["ttgir"]
+# the pipeliner's rings (shared-memory allocations with a leading buffer count) and the depths
+# of its async waits: one buffer and wait 0 mean each tile's copy is waited for in full
+buffers = sorted(set(re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+x[0-9x]*[a-z]+\d+)", ir)))
+waits = sorted(set(int(n) for n in re.findall(r"async_wait[^{]*\{num = (\d+)", ir)))
 mma, wgmma = {}, {}
 for m in re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(\w+)\.(\w+)", ptx):
     key = f"{m[0]}.{m[1]}.{m[2]}"
@@ -88,7 +94,7 @@ print(json.dumps({"shared": k.metadata.shared,
                   "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
                   "spill_stores": int(spill.group(1)) if spill else -1,
                   "spill_loads": int(spill.group(2)) if spill else -1,
-                  "mma_sync": mma, "wgmma": wgmma}))
+                  "mma_sync": mma, "wgmma": wgmma, "buffers": buffers, "async_waits": waits}))
 """
 
 
@@ -96,7 +102,8 @@ def compile_kernel(module: str, kernel: str, consts: dict[str, Any], arch: int =
                    num_warps: int = 4, num_stages: int = 1) -> dict[str, Any]:
     """Compile ``module.kernel`` with the constexprs ``consts``; see the module docstring."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "experimental")])
     res = subprocess.run([sys.executable, "-c", _COMPILE, module, kernel, json.dumps(consts),
                           str(arch), str(num_warps), str(num_stages)],
                          capture_output=True, text=True, env=env, timeout=900)
