@@ -157,6 +157,11 @@ class Facts(_Frozen):
         default=None, description="the newest release on the host, whatever its outcome: a plan "
         "made after a failed attempt differs from one made before it (issue 20 #8)")
 
+    drift: dict[str, str] = Field(
+        default_factory=dict, description="what differs from the current release's manifest, "
+        "changed outside dsv4ctl: release path -> how (modified, missing, installed unit "
+        "modified); '.' when the release directory itself is missing (remote/drift.py)")
+
     def fingerprint(self) -> str:
         """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.
 
@@ -174,6 +179,8 @@ class Facts(_Frozen):
             del data["kernel_qualification"]  # likewise hosts never qualified
         if data["latest_release"] is None:  # fingerprints of facts without it stay as they were
             del data["latest_release"]
+        if not data["drift"]:  # a host without drift keeps the fingerprint it always had
+            del data["drift"]
         for disk in data["disks"]:
             del disk["free_bytes"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -229,6 +229,8 @@ class Plan(_Frozen):
     target: PlanTarget | None = None  # the machine it was made for (None: plans before 31)
     # where apply reads each secret on the controller: "env NAME" or "file PATH" (never a value)
     secret_sources: dict[str, str] = Field(default_factory=dict)
+    # roles restarted on request (`--replace ROLE`): apply recomputes the same transition with them
+    replace: list[str] = Field(default_factory=list)
 
     @property
     def restarts(self) -> list[str]:
@@ -273,6 +275,10 @@ class FleetPlan(_Frozen):
     placement: Placement
     checks: list[Check]  # what only the fleet can check (cross-host PD transfer)
     plans: list[Plan]
+    # what clients see while the change rolls out, from the rollout strategy (planner/rollout.py);
+    # None for a fleet of one (its actions say it)
+    downtime: str | None = None
+    outage: bool | None = None
 
     def plan(self, host: str) -> Plan:
         for p in self.plans:

@@ -83,6 +83,8 @@ class Context:
     from_release: str | None = None
     from_files: dict[str, ReleaseFile] = field(default_factory=dict)
     from_deployment: Deployment | None = None
+    # drift at preflight (remote/drift.py): path -> how the host differs from from_files
+    drift: dict[str, str] = field(default_factory=dict)
     # apply only
     plan: Plan | None = None
     saved_plan: bool = False

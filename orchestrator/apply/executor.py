@@ -286,10 +286,12 @@ class Runner:
         try:
             # preflight runs before the release (and its record) exists; its journal entry is
             # kept in memory and written with the record
-            ctx.record = ReleaseRecord(id="pending", created="", host=host,
-                                       deployment=ctx.plan.deployment.name,
-                                       profile_name=ctx.plan.profile_name, plan_id=pid,
-                                       base_release=ctx.plan.current_release)
+            # a placeholder, not a release id yet: constructed, not validated (the id grammar is
+            # for records read back from a host)
+            ctx.record = ReleaseRecord.model_construct(
+                id="pending", created="", host=host, deployment=ctx.plan.deployment.name,
+                profile_name=ctx.plan.profile_name, plan_id=pid,
+                base_release=ctx.plan.current_release)
             try:
                 finish = run_playbook(pb, ctx, end=1)
             except _StepError as err:
@@ -430,7 +432,9 @@ class Runner:
         try:
             reconcile(ctx)
             ctx.from_release = ctx.store.current()
-            if ctx.from_release is not None:
+            # a current release whose directory was removed by hand is drift, not a reason to
+            # refuse: the rollback goes on from "no known files" (its units restart)
+            if ctx.from_release is not None and ctx.store.exists(ctx.from_release):
                 from orchestrator.apply.context import load_release
 
                 ctx.from_files, ctx.from_deployment, prof = load_release(ctx.store,

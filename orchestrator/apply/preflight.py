@@ -46,7 +46,9 @@ from orchestrator.release.store import (
     ReleaseStore,
     secrets_body,
 )
+from orchestrator.remote.drift import RELEASE_DIR, drift_command, probe_drift
 from orchestrator.remote.lock import HostLock
+from orchestrator.remote.probes import unit_dir_expr
 
 # ---------------------------------------------------------------------------------- preflight ---
 
@@ -173,6 +175,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
              ctx.store.secrets_digest_command(ctx.deployment.name)]
     if plan.current_release is not None:
         ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
+    ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope)))
     if ctx.saved_plan:
         ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
     batch = Batch(ahead)
@@ -212,7 +215,10 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
     if ctx.saved_plan:
         _refuse_if_applied(ctx, plan, ctx.records)
     ctx.from_release = current
-    if current is not None:
+    # what was changed on the host outside dsv4ctl: the plan lists it as actions (the same probe,
+    # planner.transition's ``outside``), so apply repairs it with the restarts it implies
+    ctx.drift = probe_drift(shell, ctx.host.install_root, unit_dir_expr(ctx.host.scope))
+    if current is not None and RELEASE_DIR not in ctx.drift:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
     ctx.actions = _transition(ctx)
     if ctx.actions != plan.actions:
@@ -250,7 +256,8 @@ def _transition(ctx: Context) -> list[Action]:
     states = {u: st.active for u, st in ctx.svc.show(sorted(units)).items()
               if st.loaded != "not-found"}
     current = ctx.from_files if ctx.from_release is not None else None
-    return transition(current, ctx.target_files, states)
+    return transition(current, ctx.target_files, states, outside=ctx.drift,
+                      replace=ctx.plan.replace if ctx.plan is not None else ())
 
 
 def _describe(actions: list[Action]) -> str:

@@ -110,13 +110,11 @@ class RolloutResult:
 
 
 def waves(hosts: list[str], strategy: Strategy) -> list[list[str]]:
-    """The canary wave, then waves of at most ``max_unavailable``, in fleet order."""
-    canary = hosts[: strategy.canary]
-    rest = hosts[strategy.canary:]
-    out = [canary] if canary else []
-    step = max(1, strategy.max_unavailable)
-    out += [rest[i: i + step] for i in range(0, len(rest), step)]
-    return out
+    """The canary wave, then waves of at most ``max_unavailable``, in fleet order (the planner
+    owns the rule: plan and diff state the downtime of these same waves)."""
+    from orchestrator.planner.rollout import waves as plan_waves
+
+    return plan_waves(hosts, strategy.canary, strategy.max_unavailable)
 
 
 def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,

@@ -111,10 +111,13 @@ def schema(inventory_schema: bool) -> int:
 @click.option("--explain", is_flag=True,
               help="Also show the arithmetic per role: every term of a GPU's memory (adding up to "
                    "its capacity), the KV pool's bytes per token term by term, page rounding.")
+@click.option("--replace", "replace_roles", metavar="ROLE", multiple=True,
+              help="Restart ROLE even if nothing it reads changed (repeatable), shown as an "
+                   "action like any other restart.")
 @accept_new_host_key_opt
 def plan(profile: Path | None, inventory: Path | None, host_name: str | None, live: bool,
          fmt: str, out: Path | None, detailed_exitcode: bool, verbose: bool,
-         explain: bool) -> int:
+         explain: bool, replace_roles: tuple[str, ...]) -> int:
     """Prove a profile fits its host (or every host of its fleet) and show what applying it would
     change.
 
@@ -124,6 +127,10 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
     warnings can be acknowledged in the profile by id), and the files and restarts an apply would
     make. A fleet (`hosts:` in the profile) is planned host by host with each host's own facts, with
     a summary of the hosts first; there --host NAME (a member or a group) is the part --live probes.
+
+    With --live, what was changed on the host outside dsv4ctl (a release file edited, an installed
+    unit changed, the release directory removed) is listed as actions with that reason: apply
+    repairs it, with the restarts it implies. --replace ROLE restarts a role nothing changed for.
     """
     from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
     from orchestrator.planner.fleet_report import (
@@ -145,7 +152,7 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
         facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths,
                                                                   engine_env=env),
                             only=fctx.focus)
-    result = plan_fleet(fctx, facts)
+    result = plan_fleet(fctx, facts, replace_roles=replace_roles)
     saved = None
     if out is not None:
         saved = _save(result, out, Target(profile, inventory, host_name))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -53,8 +53,12 @@ class _Side:
             self.deployment = resolve_deployment(ctx)
             self.tree = render_release(self.profile, self.deployment)
             self.plan = None
-            if want_plan:
-                self.plan = (plan_fleet(fctx).plan(name) if fctx.is_fleet else build_plan(ctx))
+            self.fleet_plan = None
+            if want_plan and fctx.is_fleet:
+                self.fleet_plan = plan_fleet(fctx)
+                self.plan = self.fleet_plan.plan(name)
+            elif want_plan:
+                self.plan = build_plan(ctx)
         except CatalogError as exc:  # as plan_from_paths does: a typed error, never a traceback
             raise DsvError(f"{label}: {exc}", fix=getattr(exc, "fix", None)) from None
 
@@ -242,6 +246,8 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
     d = review(a.profile, b.profile, a.tree, b.tree, actions=actions,
                outage=outage(actions, release_from_planned(a.plan.files)),
                plans=(a.plan, b.plan), context=context)
+    if a.fleet_plan is not None and b.fleet_plan is not None:
+        d = _fleet_downtime(d, a.fleet_plan, b.fleet_plan, b.profile)
     if fmt == "json":
         echo(format_json(d), nl=False, raw=True)
     elif fmt == "markdown":  # a document for a PR comment: never folded (tables, bullets, diffs)
@@ -251,6 +257,25 @@ def diff(profiles: tuple[Path, ...], host_name: str | None, rev: str | None,
     if detailed_exitcode and d.actions:  # exit 2 when applying NEW over OLD would do something
         return int(ExitCode.CHANGES)
     return 0
+
+
+def _fleet_downtime(d: Any, a: Any, b: Any, profile: Any) -> Any:
+    """A fleet's change: the downtime its rollout strategy gives (every host's transition from
+    A to B, in B's waves), in place of the one host's."""
+    import dataclasses
+
+    from orchestrator.planner.rollout import fleet_downtime
+    from orchestrator.planner.transition import between
+
+    old = {p.host: p for p in a.plans}
+    actions = {p.host: between(old[p.host].files if p.host in old else [], p.files)
+               for p in b.plans}
+    roles = {p.host: [r.name for r in p.deployment.roles] for p in b.plans}
+    s = profile.rollout.strategy
+    down = fleet_downtime(b.hosts, actions, roles, s.canary, s.max_unavailable)
+    if down is None:
+        return d
+    return dataclasses.replace(d, outage=down.outage, downtime=down.text)
 
 
 def register(group: click.Group) -> None:

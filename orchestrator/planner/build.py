@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,7 +169,7 @@ def decide_kernels(cat: Catalog, model: ModelVariant, engine: EngineRules, dep: 
 
 
 def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None, *,
-               static: list[Check] | None = None) -> Plan:
+               static: list[Check] | None = None, replace: Iterable[str] = ()) -> Plan:
     """Everything ``dsv4ctl plan`` shows, as one value. Facts default to the host's declaration.
     ``static``: the profile's static checks when the caller has them already (a fleet computes
     them once for all its hosts: they read no host field)."""
@@ -222,7 +223,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         files = [PlannedFile(path=p, mode=f.mode, sha256=f.sha256, roles=list(f.roles),
                              content=f.content)
                  for p, f in sorted(tree.files.items())]
-        actions = host_transition(files, facts)
+        actions = host_transition(files, facts, replace)
     return Plan(
         tool_version=__version__,
         profile_name=ctx.profile.name,
@@ -242,6 +243,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         target=plan_target(ctx, facts),
         secret_sources={name: (f"env {ref.env}" if ref.env else f"file {ref.file}")
                         for name, ref in sorted(ctx.profile.secrets.items())},
+        replace=sorted(replace),
     )
 
 
@@ -265,14 +267,17 @@ def _target(source: str, h: Host, key: str | None, peer: str | None) -> PlanTarg
         known_hosts=h.known_hosts, host_key=key, peer=peer)
 
 
-def host_transition(files: list[PlannedFile], facts: Facts) -> list[Action]:
-    """The plan's actions: the transition from the host's current release (as probed) to these
-    files, given the units that run. Declared facts know no current release, so the plan is
+def host_transition(files: list[PlannedFile], facts: Facts, replace: Iterable[str] = ()
+                    ) -> list[Action]:
+    """The plan's actions: the transition from the host's current release (as probed, with what
+    was changed on the host outside dsv4ctl) to these files, given the units that run, and the
+    roles ``--replace`` restarts. Declared facts know no current release, so the plan is
     relative to an empty host."""
     current = (release_from_facts(facts.current_files, facts.current_roles)
                if facts.current_release is not None else None)
     states = {u.name: u.active for u in facts.units}
-    return transition(current, release_from_planned(files), states)
+    return transition(current, release_from_planned(files), states, outside=facts.drift,
+                      replace=replace)
 
 
 def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,

@@ -17,7 +17,7 @@ profile's static checks once for the whole fleet.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from orchestrator.deployment import LOOPBACK, Placement
 from orchestrator.errors import DsvError, ProfileError
 from orchestrator.facts import Facts
 from orchestrator.planner.checks import check
+from orchestrator.planner.rollout import fleet_downtime
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner_model import Check, FleetPlan, Plan
 from orchestrator.profile.inventory import Host, Inventory
@@ -228,7 +229,7 @@ def probe_fleet(fctx: FleetContext, gather: Callable[[str, Host], Facts], *,
 
 
 def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
-               cat: Catalog | None = None) -> FleetPlan:
+               cat: Catalog | None = None, *, replace_roles: Sequence[str] = ()) -> FleetPlan:
     """Every host planned with its own facts (declared unless ``facts`` has the host), in rollout
     order, and the fleet's own checks. One host that does not fit is an error of that host's plan;
     the others are planned all the same."""
@@ -241,10 +242,17 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
     name0, host0 = fctx.hosts[0]
     whole = resolve_deployment(replace(fctx.context(name0, host0), placement=None), cat)
     static = static_checks(cat, engine, model, whole, fctx.profile)
+    known = {r.name for r in whole.roles} | ({"router"} if whole.router is not None else set())
+    unknown = sorted(set(replace_roles) - known)
+    if unknown:
+        raise ProfileError(f"--replace {unknown[0]}: profile {fctx.profile.name!r} has no such "
+                           f"role (it has {', '.join(sorted(known))})",
+                           fix="name a role of the profile: " + ", ".join(sorted(known)))
     plans: list[Plan] = []
     for name, host in fctx.all_hosts:
         try:
-            plans.append(build_plan(fctx.context(name, host), facts.get(name), cat, static=static))
+            plans.append(build_plan(fctx.context(name, host), facts.get(name), cat, static=static,
+                                    replace=replace_roles))
         except DsvError as exc:
             if not fctx.is_fleet:
                 raise
@@ -258,7 +266,14 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
         checks += router_flag_checks(router, fctx.profile) if router is not None else []
         checks += transfer_checks(fctx, plans)
     checks = sort_checks(locate_checks(checks, fctx.profile_text, str(fctx.profile_path)))
+    engine_hosts = [n for n, _ in fctx.hosts]
+    strategy = fctx.profile.rollout.strategy
+    down = fleet_downtime(engine_hosts, {p.host: p.actions for p in plans},
+                          {p.host: [r.name for r in p.deployment.roles] for p in plans},
+                          strategy.canary, strategy.max_unavailable)
     return FleetPlan(
+        downtime=down.text if down else None,
+        outage=down.outage if down else None,
         profile_name=fctx.profile.name,
         profile_path=str(fctx.profile_path) if fctx.profile_path else None,
         hosts=[n for n, _ in fctx.hosts],

@@ -64,6 +64,8 @@ def fleet_summary_lines(fp: FleetPlan) -> list[str]:
     else:
         lines.append(f"Fleet: {len(fp.plans)} host plans, {sum(1 for p in fp.plans if p.actions)}"
                      " with changes.")
+    if fp.downtime and not fp.errors:
+        lines.append(f"  downtime: {fp.downtime}")
     return lines
 
 

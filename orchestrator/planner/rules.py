@@ -299,7 +299,9 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
         lines += [(r.name, engine_argv(dep, r), table) for r in dep.roles]
         if dep.router is not None:
             rtable = load_flag_table("sglang-router", dep.router_version)
-            argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+            from orchestrator.render import ROUTER_WORKER_WAIT_S
+
+            argv = router_argv(dep, worker_startup_timeout_s=ROUTER_WORKER_WAIT_S)
             lines.append(("router", argv, rtable))
     except UnknownFlagTableError as exc:
         return [check("engine.flag-table", "error", "no flag table for the router version",

@@ -82,8 +82,15 @@ def _downtime(role: str) -> str:
     return "seconds" if role == "router" else "minutes"
 
 
+OUTSIDE = "changed outside dsv4ctl"
+# the drift probe's key for a ``current`` whose release directory is gone (remote/drift.py)
+RELEASE_DIR = "."
+
+
 def transition(current: Release | None, desired: Release,
-               states: Mapping[str, str] | None = None) -> list[Action]:
+               states: Mapping[str, str] | None = None, *,
+               outside: Mapping[str, str] | None = None,
+               replace: Iterable[str] = ()) -> list[Action]:
     """The actions that take a host from ``current`` (None: no release) to ``desired``.
 
     ``states``: unit -> systemd ActiveState now (a unit systemd does not know is absent); None
@@ -93,10 +100,22 @@ def transition(current: Release | None, desired: Release,
     a changed one is restarted; an unchanged one is started like any unit that does not run.
     Files come first (by path), then units in the order apply handles them: stops (router
     first), restarts, starts (engines first).
+
+    ``outside``: drift, path -> how it differs from ``current``'s manifest (modified, missing, an
+    installed unit modified; :data:`RELEASE_DIR` when the release directory is gone): the host
+    does not hold ``current``'s file there, so it is a change like any other, with the reason
+    "changed outside dsv4ctl", and it restarts the roles that read it. ``replace``: roles to
+    restart whatever changed (``--replace ROLE``), through the same actions.
     """
+    outside = dict(outside or {})
+    gone = RELEASE_DIR in outside
     current = current or {}
+    if outside:  # what the host really holds there is not current's file
+        current = {p: ReleaseFile(None, f.roles) if p in outside else f
+                   for p, f in current.items()}
     files: list[Action] = []
     touched: dict[str, list[str]] = {}  # role -> changed paths that role reads
+    drifted: set[str] = set()
     for path in sorted(set(current) | set(desired)):
         old, new = current.get(path), desired.get(path)
         if old is not None and new is not None and old.sha256 == new.sha256 \
@@ -107,6 +126,10 @@ def transition(current: Release | None, desired: Release,
         for r in roles:
             touched.setdefault(r, []).append(path)
         reason = ("read by " + ", ".join(roles)) if roles else ""
+        if path in outside or (gone and kind == "create"):
+            how = outside.get(path) or "release directory missing"
+            reason = f"{OUTSIDE} ({how})" + (f"; {reason}" if reason else "")
+            drifted.add(path)
         files.append(Action(kind=kind, target=path, roles=roles, reason=reason))
 
     old_units, new_units = units_of(current), units_of(desired)
@@ -124,21 +147,30 @@ def transition(current: Release | None, desired: Release,
                                 downtime=_downtime(role) if unit in live else "none"))
     restarts: list[Action] = []
     starts: list[Action] = []
+    replace = set(replace)
     for role, unit in new_units.items():
         changed = touched.get(role, [])
-        if unit in old_units.values() and changed:
+        why = _changed(changed, drifted) if changed else ""
+        if role in replace and unit in alive and not (unit in old_units.values() and changed) \
+                and unit in old_units.values():
+            restarts.append(Action(kind="restart", target=unit, roles=[role],
+                                   reason="replaced on request (--replace)",
+                                   downtime=_downtime(role) if unit in live else "none"))
+        elif unit in old_units.values() and changed:
             if unit in alive:
                 restarts.append(Action(
                     kind="restart", target=unit, roles=[role],
-                    reason=_changed(changed) + ("" if unit in live else f"; {states[unit]} now"),
+                    reason=why + ("" if unit in live else f"; {states[unit]} now"),
                     downtime=_downtime(role) if unit in live else "none"))
             else:
                 starts.append(Action(kind="start", target=unit, roles=[role],
-                                     reason=_changed(changed) + "; not running"))
+                                     reason=why + "; not running"))
         elif unit not in old_units.values():
             if unit in alive:  # left running by something else (an earlier failed attempt)
                 restarts.append(Action(kind="restart", target=unit, roles=[role],
-                                       reason="runs outside the current release",
+                                       reason=(f"{OUTSIDE} (the current release's directory "
+                                               "is missing)" if gone else
+                                               "runs outside the current release"),
                                        downtime=_downtime(role) if unit in live else "none"))
             else:
                 starts.append(Action(kind="start", target=unit, roles=[role],
@@ -150,9 +182,12 @@ def transition(current: Release | None, desired: Release,
     return files + stops + restarts + starts
 
 
-def _changed(paths: list[str]) -> str:
+def _changed(paths: list[str], drifted: set[str] = frozenset()) -> str:  # type: ignore[assignment]
     shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-    return f"{shown} changed"
+    if paths and all(p in drifted for p in paths):
+        return f"{shown} {OUTSIDE}"
+    return f"{shown} changed" + (f" ({OUTSIDE}: {', '.join(p for p in paths if p in drifted)})"
+                                 if any(p in drifted for p in paths) else "")
 
 
 def between(old: Iterable[PlannedFile], new: Iterable[PlannedFile]) -> list[Action]:

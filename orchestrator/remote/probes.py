@@ -37,6 +37,7 @@ from orchestrator.facts import (
 )
 from orchestrator.profile.inventory import Host
 from orchestrator.release_ids import sort_ids
+from orchestrator.remote.drift import drift_command, probe_drift
 
 # The fields we ask nvidia-smi for, in order. `compute_cap` needs driver >= 510 (nvidia-smi
 # --help-query-gpu); every driver that supports Blackwell has it.
@@ -287,6 +288,13 @@ def systemctl(scope: str) -> str:
     return "systemctl --user" if scope == "user" else "systemctl"
 
 
+def unit_dir_expr(scope: str) -> str:
+    """Shell expression for the unit directory (evaluated on the host)."""
+    if scope == "user":
+        return '"${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"'
+    return "/etc/systemd/system"
+
+
 def units_command(scope: str, pattern: str = "dsv4-*") -> str:
     return (f"{systemctl(scope)} list-units --all --plain --no-legend --no-pager "
             f"{shlex.quote(pattern)}")
@@ -494,7 +502,8 @@ def _fact_commands(host: Host, model_paths: Iterable[str], engine_env: str | Non
     disk_paths, models = probe_paths(host, model_paths)
     cmds = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
             units_command(host.scope), current_command(host.install_root),
-            calibration_command(host.install_root)]
+            calibration_command(host.install_root),
+            drift_command(host.install_root, unit_dir_expr(host.scope))]
     return cmds + ([engine_env_command(engine_env)] if engine_env else [])
 
 
@@ -569,4 +578,5 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         latest_release=latest,
         engine_env=probe_engine_env(shell, engine_env) if engine_env else None,
         connection=identity,
+        drift=probe_drift(shell, host.install_root, unit_dir_expr(host.scope)),
     )

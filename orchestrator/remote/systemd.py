@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from orchestrator.errors import RemoteError
 from orchestrator.remote.connection import RemoteHost
-from orchestrator.remote.probes import parse_show, systemctl
+from orchestrator.remote.probes import parse_show, systemctl, unit_dir_expr
 
 # What dsv4ctl names its units (dsv4-<deployment>-<role>.service, from Slug names): letters, digits,
 # '-', '_', '.', '@' (a subset of systemd's unit-name alphabet, without '\\' and ':').
@@ -53,13 +53,6 @@ class UnitState:
     @property
     def running(self) -> bool:
         return self.active == "active" and self.sub == "running"
-
-
-def unit_dir_expr(scope: str) -> str:
-    """Shell expression for the unit directory (evaluated on the host)."""
-    if scope == "user":
-        return '"${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"'
-    return "/etc/systemd/system"
 
 
 class ServiceManager:

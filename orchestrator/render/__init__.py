@@ -93,6 +93,20 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", HOOK_ENV, HOOK_OPS_ENV, *ROUTING_ENV,
                 LEGACY_BF16_GEMMS_ENV, KERNELS_PATH_ENV)
 
 
+# Knobs only dsv4ctl reads (health, rollout, monitoring) reach no unit and no command line, so
+# changing them restarts nothing. health.startup_timeout_s is apply's own deadline for a start
+# (it polls readiness that long); the units and the router carry fixed values instead:
+# - Type=exec: systemd's start job ends once the launch script is exec'd (systemd.service(5)),
+#   so TimeoutStartSec bounds only that instant, never the model load;
+# - the start-limit window holds three loads of up to 30 min plus RestartSec-and-margin, so a
+#   release that crashes while loading stops restarting as "failed" instead of thrashing the GPUs;
+# - the router waits as long as the longest startup_timeout_s the schema allows: apply's
+#   health check, not the router, decides when a start has failed (and rolls back).
+ENGINE_TIMEOUT_START_S = 300
+ENGINE_START_LIMIT_INTERVAL_S = 3 * (1800 + 60)
+ROUTER_WORKER_WAIT_S = 86400
+
+
 def _reserved_source(name: str, role: RoleDeployment) -> str:
     if name == "CUDA_VISIBLE_DEVICES":
         return "gpus"
@@ -352,10 +366,10 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
         description=_description(dep, f"{what} (sglang {dep.engine_version}, GPUs "
                                  f"{','.join(str(g) for g in role.gpus)})"),
         unit_order=_unit_order(dep, []),
-        start_limit_interval_s=3 * (profile.health.startup_timeout_s + 60),
+        start_limit_interval_s=ENGINE_START_LIMIT_INTERVAL_S,
         env_file=unit_path(f"{root}/current/env/{role.name}.env", "host.install_root"),
         secrets_file=unit_path(secrets, "host.install_root"),
-        timeout_start_s=profile.health.startup_timeout_s,
+        timeout_start_s=ENGINE_TIMEOUT_START_S,
         **_common_unit(dep, role.name),
         **_sandbox(dep, role.name, gpus=True),
     )
@@ -381,7 +395,7 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
 
 def _router_files(env: object, profile: Profile, dep: Deployment) -> dict[str, RenderedFile]:
     assert dep.router is not None
-    argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+    argv = router_argv(dep, worker_startup_timeout_s=ROUTER_WORKER_WAIT_S)
     pairs = secret_args(dep, ROUTER_ENGINE)
     program = (shim_program(f"{dep.engine_env}/bin/python", ROUTER_ENTRY, pairs) if pairs
                else router_program(dep))

@@ -49,6 +49,8 @@ class ReviewDiff:
     files: list[FileChange]
     actions: list[Action]  # the transition A -> B (planner.transition.between)
     outage: bool  # no engine of A keeps serving through the change
+    # a fleet's downtime from its rollout strategy (planner/rollout.py); None: one host's actions
+    downtime: str | None = None
     capacity: list[str] = field(default_factory=list)  # human lines, from plans
     checks_added: list[str] = field(default_factory=list)
     checks_cleared: list[str] = field(default_factory=list)
@@ -231,7 +233,9 @@ def _consequences(d: ReviewDiff) -> list[str]:
         role = a.roles[0] if a.roles else a.target
         why = "; ".join(x for x in (a.reason, downtime_text(a)) if x)
         lines.append(f"{_SYMBOL[a.kind]} {a.kind} {role} ({a.target}): {why}")
-    if d.outage:
+    if d.downtime is not None:
+        lines.append(f"downtime: {d.downtime}")
+    elif d.outage:
         lines.append("downtime: a full outage; no engine of the old release keeps serving, so "
                      "requests fail until the new engines are ready (minutes)")
     elif any(a.downtime == "minutes" for a in d.actions):
@@ -315,6 +319,7 @@ def format_json(d: ReviewDiff) -> str:
         "files": [{"path": f.path, "kind": f.kind, "roles": list(f.roles)} for f in d.files],
         "actions": [a.model_dump(mode="json") for a in d.actions],
         "summary": {"fields": len(d.fields), "files": len(d.files), "outage": d.outage,
+                    "downtime": d.downtime,
                     "changes": len(d.actions), "counts": count_actions(d.actions),
                     "restarts": d.restarts, "line": plan_line(d.actions)},
     }

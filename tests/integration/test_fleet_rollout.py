@@ -191,7 +191,16 @@ def test_first_rollout_brings_up_the_fleet(fleet: Fleet) -> None:
     assert fleet.chat() == 200
 
 
-def test_rolling_update_under_load_drops_nothing(fleet: Fleet) -> None:
+def test_rolling_update_under_load_drops_nothing(fleet: Fleet,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # what diff predicts for this change, from the rollout strategy, before it runs
+    old, new = fleet.tmp / "predict-v1.yaml", fleet.tmp / "predict-v2.yaml"
+    old.write_text(yaml.safe_dump(profile()))
+    new.write_text(yaml.safe_dump(profile(cuda_graph_max_bs=32)))
+    capsys.readouterr()
+    assert main(["diff", str(old), str(new), "--format", "json", "-i", str(fleet.inventory)]) == 0
+    predicted = json.loads(capsys.readouterr().out)["summary"]
+    assert predicted["outage"] is False and predicted["downtime"].startswith("no outage")
     before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
     router_pids = fleet.router_pids()
     assert router_pids
@@ -200,12 +209,13 @@ def test_rolling_update_under_load_drops_nothing(fleet: Fleet) -> None:
         rc = fleet.apply(profile(cuda_graph_max_bs=32), "profile-v2.yaml")
         time.sleep(1.0)
     assert rc == 0
+    # the prediction held: "no outage", and the load loop saw no failed request
     assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
     assert load.ok > 10
     for h in ENGINES:
-        new = fleet.current(h)
-        assert new != before[h], h
-        assert fleet.record(h, new)["status"] == "healthy"
+        rel = fleet.current(h)
+        assert rel != before[h], h
+        assert fleet.record(h, rel)["status"] == "healthy"
     # the router's host gets the release of the new profile, but its router was not restarted
     assert fleet.current("router-1") != before["router-1"]
     assert fleet.router_pids() == router_pids

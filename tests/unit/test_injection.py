@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from orchestrator.errors import InputError, RenderError
 from orchestrator.profile.loader import load_inventory, load_text
 from orchestrator.profile.schema import Profile
-from orchestrator.render import render_release
+from orchestrator.render import ROUTER_WORKER_WAIT_S, render_release
 from orchestrator.render.argv import engine_argv, router_argv
 from orchestrator.render.quoting import CONTROL
 from tests.validate.helpers import INVENTORY, PROFILES, materialize, resolve_profile
@@ -123,7 +123,7 @@ def test_hostile_value(case: tuple[dict[str, str], str], tmp_path: Path, fake_en
         subprocess.run(["bash", "-n", str(script)], check=True, capture_output=True)
         assert _run_script(script, work) == ["serve", *engine_argv(dep, role)]
     assert dep.router is not None
-    argv = router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)
+    argv = router_argv(dep, worker_startup_timeout_s=ROUTER_WORKER_WAIT_S)
     assert _run_script(current / "bin" / "launch-router.sh", work) == [
         "-m", "sglang_router.launch_router", *argv]
     assert sorted(p.name for p in work.iterdir()) == ["argv.bin"], "an injected command ran"

@@ -90,7 +90,7 @@ def test_unit_wiring_pd() -> None:
     assert "After=dsv4-default-prefill.service dsv4-default-decode.service" in router
     assert "Wants=dsv4-default-prefill.service dsv4-default-decode.service" in router
     dec = tree.files["units/dsv4-default-decode.service"].content
-    for line in ("Restart=on-failure", "TimeoutStartSec=1800", "LimitNOFILE=1048576",
+    for line in ("Restart=on-failure", "TimeoutStartSec=300", "LimitNOFILE=1048576",
                  "EnvironmentFile=/srv/dsv4/current/env/decode.env",
                  "EnvironmentFile=-/srv/dsv4/secrets/default.env",
                  "ExecStart=/srv/dsv4/current/bin/launch-decode.sh",

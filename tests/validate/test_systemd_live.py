@@ -19,7 +19,7 @@ import yaml
 
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Profile
-from orchestrator.render import render_release
+from orchestrator.render import ROUTER_WORKER_WAIT_S, render_release
 from orchestrator.render.argv import engine_argv, router_argv
 from orchestrator.render.quoting import env_file_line
 from tests.harness import FakeHost, HarnessError, HostCluster
@@ -121,6 +121,6 @@ def test_systemd_runs_exactly_the_rendered_argv_and_env(tmp_path: Path) -> None:
         assert env[f"HOSTILE_{i}"] == value, (i, value)
     argv, env = captured["router"]
     assert argv == ["-m", "sglang_router.launch_router",
-                    *router_argv(dep, worker_startup_timeout_s=profile.health.startup_timeout_s)]
+                    *router_argv(dep, worker_startup_timeout_s=ROUTER_WORKER_WAIT_S)]
     assert "HF_TOKEN" not in env  # the router does not read the secrets file
     assert "pwned" not in leftovers, "an injected command ran"

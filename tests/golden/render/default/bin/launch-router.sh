@@ -12,4 +12,4 @@ exec /opt/sglang/bin/python -m sglang_router.launch_router \
   --prometheus-host 0.0.0.0 \
   --prometheus-port 29000 \
   --policy cache_aware \
-  --worker-startup-timeout-secs 1800
+  --worker-startup-timeout-secs 86400

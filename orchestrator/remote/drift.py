@@ -1,0 +1,94 @@
+"""The drift probe: what on the host differs from the current release's manifest, as a fact.
+
+Owns reading what ``status`` calls drift so that ``plan --live`` (and apply, through the same
+facts) can list it as actions: each file of ``current`` hashed against the manifest, each
+installed unit file against the release's, and a ``current`` whose release directory is gone.
+Run in the facts batch (one round trip with the other probes); parsed strictly, since it comes
+back from the host: unknown lines and paths outside the release tree are refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import RemoteError
+
+if TYPE_CHECKING:
+    from orchestrator.remote.probes import Shell
+
+# The release directory itself (``current`` points at a directory that is not there).
+RELEASE_DIR = "."
+_KINDS = {"modified", "missing"}
+_PATH = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9._/@-]{0,255}$")
+
+_SCRIPT = r"""
+import hashlib, json, os, sys
+root, unitdir = sys.argv[1], sys.argv[2]
+cur = os.path.join(root, 'current')
+def sha(p):
+    try:
+        with open(p, 'rb') as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+if os.path.islink(cur):
+    try:
+        files = json.load(open(os.path.join(cur, 'manifest.json'))).get('files', {})
+    except OSError:
+        print('release\t.\tmissing'); sys.exit(0)
+    for p, v in sorted(files.items()):
+        h = v.get('sha256') if isinstance(v, dict) else None
+        if not h:
+            continue
+        d = sha(os.path.join(cur, p))
+        if d != h:
+            print('file\t%s\t%s' % (p, 'missing' if d is None else 'modified'))
+        if p.startswith('units/') and p.count('/') == 1:
+            i = sha(os.path.join(unitdir, p[len('units/'):]))
+            if i != h:
+                print('unit\t%s\t%s' % (p, 'missing' if i is None else 'modified'))
+"""
+
+
+def drift_command(install_root: str, unit_dir: str) -> str:
+    """Print one ``kind<TAB>path<TAB>how`` line per difference (nothing when none, or when no
+    release is current). ``kind``: ``file`` (the release tree), ``unit`` (the installed unit
+    file), ``release`` (the directory ``current`` points at). ``unit_dir``: the shell expression
+    of the unit directory (``probes.unit_dir_expr``)."""
+    return (f"python3 -c {shlex.quote(_SCRIPT)} {shlex.quote(install_root.rstrip('/'))} "
+            f"{unit_dir}")
+
+
+def parse_drift(stdout: str) -> dict[str, str]:
+    """``{path: why}`` for each difference: ``modified``/``missing`` for a release file,
+    ``installed unit modified``/``installed unit missing`` for a unit file, and
+    :data:`RELEASE_DIR` ``: missing`` when the release directory is gone."""
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 3 or cols[0] not in ("file", "unit", "release") or cols[2] not in _KINDS:
+            raise RemoteError(f"unexpected output from the drift probe: {line[:200]!r}")
+        kind, path, how = cols
+        if kind == "release":
+            out[RELEASE_DIR] = how
+            continue
+        if not _PATH.match(path):
+            raise RemoteError(f"the current manifest names an unsafe path: {path[:200]!r}")
+        if kind == "unit":
+            how = f"installed unit {how}"
+            if path in out:  # the release's copy and the installed one both differ
+                how = f"{out[path]}; {how}"
+        out[path] = how
+    return dict(sorted(out.items()))
+
+
+def probe_drift(shell: Shell, install_root: str, unit_dir: str) -> dict[str, str]:
+    res = shell.run(drift_command(install_root, unit_dir), timeout=60)
+    if not res.ok:
+        raise RemoteError(f"reading the current release's drift failed (exit {res.rc}): "
+                          f"{res.stderr[:300]}")
+    return parse_drift(res.stdout)

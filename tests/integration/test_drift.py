@@ -1,0 +1,104 @@
+"""Drift is a change: what was edited on the host outside dsv4ctl shows in `plan --live` as
+actions with their reason, and `apply` repairs it with the restarts it implies.
+
+Real sshd, real `systemd --user`, the engine simulator behind the units (the harness of
+test_apply.py). The scenario an operator reported: `launch-decode.sh` edited on the host and a
+unit changed; `plan --live --detailed-exitcode` said "no changes" (rc 0), `apply` said "No
+changes.", and `status` kept exiting 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_apply import ROOT, Env, env, first_release  # noqa: F401
+
+pytestmark = pytest.mark.integration
+UNITS = "~/.config/systemd/user"
+
+
+def test_plan_lists_drift_apply_repairs_it_status_agrees(env: Env,  # noqa: F811
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    r1 = first_release(env)
+    profile = env.profile_file(env.profile(), "p.yaml")
+    assert env.cli("status", "--host", "h") == 0
+    # by hand on the host: an edited launch script in the release, an edited installed unit
+    env.fake.exec(f"printf '# edited by hand\\n' >> {ROOT}/releases/{r1}/bin/launch-decode.sh "
+                  f"&& printf '# edited by hand\\n' >> {UNITS}/dsv4-itest-prefill.service "
+                  "&& systemctl --user daemon-reload", check=True)
+    capsys.readouterr()
+    assert env.cli("status", "--host", "h") == 1  # status sees the drift
+    capsys.readouterr()
+
+    rc = env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode")
+    out = capsys.readouterr().out
+    assert rc == 2, out  # a drift-only plan has changes
+    lines = [ln for ln in out.splitlines() if "changed outside dsv4ctl" in ln]
+    assert any("bin/launch-decode.sh" in ln for ln in lines), out
+    assert any("units/dsv4-itest-prefill.service" in ln for ln in lines), out
+    assert "to restart" in out and "Plan: no changes" not in out
+
+    before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
+    assert env.cli("apply", str(profile)) == 0
+    r2 = env.current()
+    assert r2 != r1
+    rec = env.record(r2)
+    assert rec["status"] == "healthy"
+    assert sorted(rec["restarted_roles"]) == ["decode", "prefill"]  # the record says so
+    after = {m: env.starts(m) for m in before}
+    assert after == {**before, "decode": before["decode"] + 1, "prefill": before["prefill"] + 1}
+    # the installed unit is the release's again, and the release's launch script is whole
+    assert env.fake.exec(f"cmp -s {ROOT}/releases/{r2}/units/dsv4-itest-prefill.service "
+                         f"{UNITS}/dsv4-itest-prefill.service").returncode == 0
+    assert "edited by hand" not in env.fake.read(f"{ROOT}/releases/{r2}/bin/launch-decode.sh")
+    capsys.readouterr()
+    assert env.cli("status", "--host", "h") == 0, capsys.readouterr()
+    assert env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode") == 0
+
+
+def test_replace_restarts_one_role_through_the_plan(env: Env,  # noqa: F811
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    first_release(env)
+    profile = env.profile_file(env.profile(), "p.yaml")
+    capsys.readouterr()
+    rc = env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode",
+                 "--replace", "decode")
+    out = capsys.readouterr().out
+    assert rc == 2 and "replaced on request" in out, out
+    assert "1 to restart" in out
+
+
+def _second_release(env: Env) -> tuple[str, str]:  # noqa: F811
+    from tests.integration.test_apply import decode_knob
+
+    r1 = first_release(env)
+    assert env.cli("apply", str(env.profile_file(decode_knob(env, 32), "p2.yaml"))) == 0
+    r2 = env.current()
+    assert r2 is not None and r2 != r1
+    return r1, r2
+
+
+def test_a_removed_release_directory_is_drift_that_apply_repairs(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    from tests.integration.test_apply import decode_knob
+
+    _, r2 = _second_release(env)
+    env.fake.exec(f"rm -rf {ROOT}/releases/{r2}", check=True)
+    profile = env.profile_file(decode_knob(env, 32), "p2.yaml")
+    capsys.readouterr()
+    rc = env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode")
+    out = capsys.readouterr().out
+    assert rc == 2 and "changed outside dsv4ctl" in out, out
+    assert env.cli("apply", str(profile)) == 0  # the release is uploaded again
+    r3 = env.current()
+    assert r3 not in (None, r2) and env.record(r3)["status"] == "healthy"
+    assert env.serves() and env.lock_free()
+
+
+def test_rollback_works_when_the_current_release_directory_is_gone(
+        env: Env) -> None:  # noqa: F811
+    r1, r2 = _second_release(env)
+    env.fake.exec(f"rm -rf {ROOT}/releases/{r2}", check=True)
+    assert env.cli("rollback", r1, "--host", "h") == 0
+    env.assert_recovered(r1)
