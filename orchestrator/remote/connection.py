@@ -118,6 +118,33 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
                     "(--accept-new-host-key)", hostname, key.get_name(), key.fingerprint, path)
 
 
+# Bounded SSH (issue 31): every command's output is read up to a cap, and past it the command is
+# ended and the read fails with a clear error (a 300 MB remote file cost 660 MiB of controller
+# memory). HTTP has its own cap (HTTP_MAX_BODY); a batch of probes caps each of its commands
+# (remote.probes.BATCH_MAX_OUTPUT) well below this.
+MAX_STDOUT = 64 << 20
+MAX_STDERR = 1 << 20
+
+
+def die_with_channel(command: str) -> str:
+    """``command`` run so that it ends when its SSH channel closes (issue 31: a remote command kept
+    writing 66 GB after dsv4ctl was killed; sshd signals nothing without a terminal).
+
+    The command runs in a session and process group of its own (``setsid``; with the login shell,
+    as before), its stdin /dev/null; a watcher in a second group reads the channel's stdin, which
+    stays open until dsv4ctl closes the channel or its connection drops, and then ends the
+    command's whole group. The wrapper exits with the command's status and ends the watcher."""
+    import shlex
+
+    # POSIX gives an asynchronous list /dev/null as stdin unless it is redirected explicitly:
+    # the watcher gets the channel's stdin through fd 3
+    return (f"dsv4_cmd={shlex.quote(command)}; exec 3<&0; "
+            'setsid "${SHELL:-/bin/sh}" -c "$dsv4_cmd" </dev/null 3<&- & dsv4_c=$!; '
+            "setsid sh -c 'cat >/dev/null; kill -TERM -\"$1\" 2>/dev/null' sh \"$dsv4_c\" "
+            "<&3 >/dev/null 2>&1 3<&- & dsv4_w=$!; exec 3<&-; "
+            'wait "$dsv4_c"; dsv4_rc=$?; kill -TERM -"$dsv4_w" 2>/dev/null; exit "$dsv4_rc"')
+
+
 _TRANSIENT = (socket.timeout, TimeoutError, ConnectionError, EOFError, OSError,
               paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException)
 
@@ -378,8 +405,9 @@ class RemoteHost:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             chan = self.transport.open_session()
-            chan.exec_command(command)
-            chan.shutdown_write()  # no stdin: a command that reads it gets EOF, never hangs
+            # stdin stays open: the wrapper's watcher ends the command when the channel closes
+            # (the command itself reads /dev/null: it gets EOF, never hangs)
+            chan.exec_command(die_with_channel(command))
             out, err = bytearray(), bytearray()
             while True:
                 got = False
@@ -389,6 +417,16 @@ class RemoteHost:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
                     got = True
+                if len(out) > MAX_STDOUT or len(err) > MAX_STDERR:
+                    chan.close()  # the watcher ends the command on the host
+                    which, cap = ("output", MAX_STDOUT) if len(out) > MAX_STDOUT else \
+                        ("error output", MAX_STDERR)
+                    raise RemoteError(
+                        f"the {which} of a command on host '{self.name}' passed "
+                        f"{cap >> 20} MiB; dsv4ctl stopped reading and ended the command: "
+                        f"{command[:120]!r}",
+                        fix="something on the host answers far more than dsv4ctl asked for "
+                            "(a file replaced by a huge one, a device): find it and fix it")
                 # wait for EOF, not the exit status: sshd may send the status while output is
                 # still queued behind the channel window
                 if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():

@@ -448,26 +448,45 @@ def probe_paths(host: Host, model_paths: Iterable[str] = ()) -> tuple[list[str],
     return disks, models
 
 
+# Each batched command's stdout and stderr are capped on the host (issue 31: a probe read a
+# hostile file that never ended into the shared temp directory, 66 GB): one byte past the cap is
+# kept, so the size tells "cut" from "exactly the cap". A model index is a few MB.
+BATCH_MAX_OUTPUT = 16 << 20
+BATCH_MAX_STDERR = 64 << 10
+# dsv4ctl's own directory on the host for the batch's files, the user's private runtime dir
+# (0700, /run/user/UID) or their cache, never the shared temp directory
+BATCH_DIR = '"${XDG_RUNTIME_DIR:-$HOME/.cache}/dsv4ctl"'
+
+
 def batch_command(commands: Sequence[str], token: str) -> str:
     """One shell command running ``commands`` side by side (each with its own stdout, stderr and
-    exit status, kept in a temp dir), then printing them in order between ``token`` lines: every
-    probe in one SSH round trip (issue 20 #10) instead of one each."""
-    jobs = "".join(f'{{ ( {c}\n) >"$d/{i}.out" 2>"$d/{i}.err" </dev/null; '
-                   f'echo $? >"$d/{i}.rc"; }} &\n' for i, c in enumerate(commands))
+    exit status, kept in dsv4ctl's own directory, capped), then printing them in order between
+    ``token`` lines: every probe in one SSH round trip (issue 20 #10) instead of one each."""
+    out_cap, err_cap = BATCH_MAX_OUTPUT + 1, BATCH_MAX_STDERR + 1
+    jobs = "".join(f'{{ {{ {{ ( {c}\n) </dev/null; echo $? >"$d/{i}.rc"; }} 2>&1 1>&3 | '
+                   f'head -c {err_cap} >"$d/{i}.err"; }} 3>&1 | head -c {out_cap} >"$d/{i}.out"; '
+                   f'}} &\n' for i, c in enumerate(commands))
     show = "".join(f"printf '%s out {i}\\n' {token}; cat \"$d/{i}.out\"; "
                    f"printf '\\n%s err\\n' {token}; cat \"$d/{i}.err\"; "
-                   f"printf '\\n%s rc %s\\n' {token} \"$(cat \"$d/{i}.rc\")\"\n"
+                   f"printf '\\n%s rc %s %s\\n' {token} \"$(cat \"$d/{i}.rc\")\" "
+                   f"\"$(wc -c < \"$d/{i}.out\")\"\n"
                    for i in range(len(commands)))
-    return f'd=$(mktemp -d) || exit 1\n{jobs}wait\n{show}rm -rf "$d"\n'
+    return (f"d=$(umask 077 && mkdir -p {BATCH_DIR} && mktemp -d {BATCH_DIR}/batch.XXXXXXXX) "
+            f'|| exit 1\n{jobs}wait\n{show}rm -rf "$d"\n')
 
 
 def parse_batch(stdout: str, commands: Sequence[str], token: str) -> dict[str, CommandResult]:
     """The per-command results printed by :func:`batch_command`."""
     out: dict[str, CommandResult] = {}
     pat = re.compile(rf"(?ms)^{re.escape(token)} out (\d+)\n(.*?)\n{re.escape(token)} err\n"
-                     rf"(.*?)\n{re.escape(token)} rc (\d*)$")
+                     rf"(.*?)\n{re.escape(token)} rc (\d*) *(\d*)$")
     for m in pat.finditer(stdout):
         i = int(m.group(1))
+        if i < len(commands) and m.group(5) and int(m.group(5)) > BATCH_MAX_OUTPUT:
+            raise RemoteError(f"a probe's output on the host passed {BATCH_MAX_OUTPUT >> 20} MiB; "
+                              f"dsv4ctl cut it there and stopped: {commands[i][:120]!r}",
+                              fix="something on the host answers far more than a probe asks for "
+                                  "(a model index replaced by a huge file, a device): fix it")
         if i < len(commands):
             out[commands[i]] = CommandResult(commands[i], int(m.group(4) or 255),
                                              m.group(2), m.group(3))
