@@ -12,7 +12,7 @@ each field's unit, range and source rule beside it, read as one document beside 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -409,6 +409,15 @@ class EngineEndpoints(_Sourced):
     metrics_requires_flag: str
 
 
+class ForeignCodeFlag(_Strict):
+    """An engine flag that runs code from outside the engine environment, or sends or writes
+    request data somewhere else (issue 31), with the engine's own words as the source."""
+
+    flag: Annotated[str, Field(pattern=r"^--[a-z0-9-]+$")]
+    kind: Literal["runs-foreign-code", "sends-data-off-host", "writes-request-data"]
+    source: str = Field(min_length=1)
+
+
 class EngineRules(_Strict):
     kind: Literal["engine"]
     engine: str
@@ -432,6 +441,7 @@ class EngineRules(_Strict):
     # Whether a DeepSeek-V4 checkpoint needs --trust-remote-code to load under this engine version
     # (issue 19: the flag was always on, letting a checkpoint directory run code as the engine).
     trust_remote_code_needed: Fact[bool]
+    foreign_code_flags: list[ForeignCodeFlag] = Field(default_factory=list)
 
     def accepts(self, knob: str, value: object) -> bool:
         """Whether ``value`` is accepted for ``knob`` (raises KeyError for an unknown knob)."""

@@ -326,7 +326,7 @@ def secrets_checks(dep: Deployment) -> list[Check]:
 # they become acknowledged warnings and stop blocking apply; unacknowledged they block.
 ACKNOWLEDGEABLE_ERRORS: dict[str, str] = {
     "exposure.all-interfaces": "every interface is reachable; a firewall may make that intended",
-    "exposure.foreign-code-flag": "the flag runs code or sends data the operator may trust",
+    "engine.foreign-code-flag": "the flag runs code or sends data the operator may trust",
 }
 
 

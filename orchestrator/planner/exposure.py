@@ -9,12 +9,17 @@ classification; status prints the same words). The rules:
 - any endpoint beyond loopback without an API key is a warning (``exposure.no-key``): whoever can
   reach the address can use the model, and the engines' admin endpoints with it.
 
+- an engine flag in ``extra_args`` that the catalog lists as running foreign code or sending or
+  writing request data elsewhere (``foreign_code_flags``, with the engine's own words as the source)
+  is an error unless the profile acknowledges ``engine.foreign-code-flag``.
+
 The router is the deployment's client-facing endpoint and listens on every interface by default
 (``topology.router.host``), so for it only the missing key is reported.
 """
 
 from __future__ import annotations
 
+from orchestrator.catalog import EngineRules
 from orchestrator.deployment import Deployment
 from orchestrator.exposure import DESCRIPTION, classify_listen
 from orchestrator.planner.checks import check
@@ -64,4 +69,44 @@ def exposure_checks(dep: Deployment) -> list[Check]:
                 "exposure.no-key",
                 subject="router", field="topology.router.host", source=SOURCE,
                 address=r.host, port=r.port))
+    return out
+
+
+_KIND = {"runs-foreign-code": "runs code from outside the engine environment",
+         "sends-data-off-host": "sends data to another host",
+         "writes-request-data": "writes request data (prompts, outputs) elsewhere"}
+
+
+def foreign_flag_checks(engine: EngineRules, dep: Deployment) -> list[Check]:
+    """``engine.foreign-code-flag``: each word of a role's ``extra_args`` naming (under any alias,
+    or as ``--flag=value``) a flag the catalog lists in ``foreign_code_flags``."""
+    from orchestrator.catalog.flags import UnknownFlagTableError, load_flag_table
+
+    if not engine.foreign_code_flags:
+        return []
+    try:
+        table = load_flag_table(dep.engine_name, dep.engine_version)
+    except UnknownFlagTableError:
+        return []  # engine.flag-table says so
+    listed = {}
+    for f in engine.foreign_code_flags:
+        spec = table.spec(f.flag)
+        listed[spec.dest if spec is not None else f.flag] = f
+    out = []
+    for role in dep.roles:
+        for i, word in enumerate(role.extra_args):
+            if not word.startswith("--"):
+                continue
+            name = word.split("=", 1)[0]
+            spec = table.spec(name)
+            f = listed.get(spec.dest if spec is not None else name)
+            if f is None:
+                continue
+            out.append(check(
+                "engine.foreign-code-flag", "error", "engine flag runs foreign code or sends data",
+                f"role {role.name}: extra_args[{i}] = {word!r} {_KIND[f.kind]} ({f.kind})",
+                "remove it, or acknowledge engine.foreign-code-flag with why it is safe here "
+                "(the code or the destination is yours)",
+                subject=f"topology.{role.name}.extra_args",
+                field=f"topology.{role.name}.extra_args.{i}", source=f.source))
     return out

@@ -25,8 +25,11 @@ def static_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
                   profile: Profile) -> list[Check]:
     """Topology, ports and engine rules, from the profile and the catalog alone."""
     heads = cat.config_of(model).num_attention_heads.value
+    from orchestrator.planner.exposure import foreign_flag_checks
+
     return (topology_checks(dep, heads) + layout_checks(cat, model, dep) + env_checks(dep)
-            + rules.engine_checks(cat, engine, model, dep, profile))
+            + rules.engine_checks(cat, engine, model, dep, profile)
+            + foreign_flag_checks(engine, dep))
 
 
 def layout_checks(cat: Catalog, model: ModelVariant, dep: Deployment) -> list[Check]:

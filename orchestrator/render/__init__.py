@@ -322,6 +322,25 @@ def engine_env(dep: Deployment, role: RoleDeployment, field: str) -> list[tuple[
     return out
 
 
+# Variables that make a process load or run code from elsewhere before or beside the engine: the
+# dynamic loader's, the shells' start-up files, interpreter start-up and search paths (issue 31:
+# role env accepted LD_PRELOAD, BASH_ENV and PATH). Sources: ld.so(8) ENVIRONMENT, bash(1)
+# INVOCATION (BASH_ENV, ENV) and exported functions (BASH_FUNC_*), python(1) ENVIRONMENT
+# VARIABLES, glibc iconv(3) (GCONV_PATH), node(1) NODE_OPTIONS, perlrun(1) PERL5LIB/PERL5OPT.
+LOADER_ENV = frozenset({
+    "PATH", "BASH_ENV", "ENV", "IFS", "SHELLOPTS", "BASHOPTS", "PS4", "PYTHONPATH",
+    "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE", "PYTHONBREAKPOINT",
+    "PYTHONINSPECT", "PYTHONPLATLIBDIR", "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYOPT", "RUBYLIB",
+    "NODE_OPTIONS", "NODE_PATH", "GCONV_PATH", "LOCPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
+    "NLSPATH",
+})
+LOADER_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "DYLD_")
+
+
+def is_loader_env(name: str) -> bool:
+    return name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES)
+
+
 def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[str, str, str]]:
     """``(field, reason, fix)`` for each variable of the role's ``env:`` that dsv4ctl renders
     itself. One owner: render refuses the first, and the planner's static checks report them all
@@ -338,6 +357,13 @@ def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[s
                         "engine (then the role's env reaches SGLang unchanged)"
                         if reserved != "CUDA_VISIBLE_DEVICES" else
                         f"remove {reserved} from {field}.env"))
+    said = {where.rsplit(".", 1)[1] for where, _, _ in out}
+    for name in sorted(n for n in names if is_loader_env(n) and n not in said):
+        out.append((f"{field}.env.{name}",
+                    f"{name} is a loader variable: it makes the engine's processes load or run "
+                    "code from wherever it points, before or beside the engine environment's",
+                    f"remove {name} from {field}.env; install what the engine needs into the "
+                    "engine environment (engine.env) instead"))
     if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
         out.append((f"{field}.env.SGLANG_HOST_IP",
                     "dsv4ctl sets it itself in a fleet (from the host's service_address)",

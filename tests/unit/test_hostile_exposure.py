@@ -79,3 +79,71 @@ def test_the_default_router_on_every_interface_without_a_key_is_reported() -> No
     warn = [c for c in plan.checks if c.id == "exposure.no-key"]
     assert [c.subject for c in warn] == ["router"]
     assert "0.0.0.0:8000" in warn[0].message
+
+
+# ------------------------------------------- engine flags that run foreign code or send data ---
+
+def _default_plan(tmp_path: Path, *, extra: list[str] | None = None,
+                  env: dict[str, str] | None = None, ack: bool = False) -> Any:
+    prof = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    if extra is not None:
+        prof["topology"]["decode"]["extra_args"] = extra
+    if env is not None:
+        prof["topology"]["decode"]["env"] = env
+    if ack:
+        prof["acknowledge"] = [{"id": "engine.foreign-code-flag", "reason": "our collector"}]
+    (tmp_path / "inventory.yaml").write_text((PROFILES / "inventory.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    return plan_from_paths(path)
+
+
+@pytest.mark.parametrize(("extra", "kind"), [
+    (["--enable-custom-logit-processor"], "runs-foreign-code"),
+    (["--custom-weight-loader", "pkg.fn"], "runs-foreign-code"),
+    (["--trust-request-chat-template"], "runs-foreign-code"),
+    (["--dist-init-addr", "10.9.9.9:25000"], "sends-data-off-host"),
+    (["--nccl-init-addr=10.9.9.9:25000"], "sends-data-off-host"),  # an alias, with =
+    (["--otlp-traces-endpoint", "10.9.9.9:4317"], "sends-data-off-host"),
+    (["--kv-events-config", "{}"], "sends-data-off-host"),
+    (["--log-requests"], "writes-request-data"),
+    (["--crash-dump-folder", "/srv/x"], "writes-request-data"),
+])
+def test_a_foreign_code_or_data_flag_is_an_error_with_its_source(
+        tmp_path: Path, extra: list[str], kind: str) -> None:
+    plan = _default_plan(tmp_path, extra=extra)
+    bad = [c for c in plan.errors if c.id == "engine.foreign-code-flag"]
+    assert len(bad) == 1, [c.id for c in plan.errors]
+    assert kind in bad[0].message and bad[0].field == "topology.decode.extra_args.0"
+    assert (bad[0].source or "").startswith("sglang==0.5.23")
+
+
+def test_an_acknowledged_foreign_code_flag_is_a_warning(tmp_path: Path) -> None:
+    plan = _default_plan(tmp_path, extra=["--log-requests"], ack=True)
+    assert not plan.errors
+    (c,) = [c for c in plan.checks if c.id == "engine.foreign-code-flag"]
+    assert c.acknowledged and c.severity == "warning"
+
+
+def test_every_listed_flag_exists_in_the_engines_flag_table() -> None:
+    from orchestrator.catalog import load_catalog
+    from orchestrator.catalog.flags import load_flag_table
+
+    engine = next(e for e in load_catalog().engines if e.engine == "sglang")
+    table = load_flag_table("sglang", engine.version)
+    assert engine.foreign_code_flags
+    for f in engine.foreign_code_flags:
+        assert table.spec(f.flag) is not None, f.flag
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "PATH",
+                                  "PYTHONSTARTUP", "BASH_FUNC_x%%", "NODE_OPTIONS"])
+def test_loader_variables_are_refused_in_role_env(tmp_path: Path, name: str) -> None:
+    try:
+        plan = _default_plan(tmp_path, env={name: "/tmp/evil"})
+    except Exception as exc:  # the schema may refuse the name itself (BASH_FUNC_x%%)
+        assert name in str(getattr(exc, "render", lambda: exc)())
+        return
+    bad = [c for c in plan.errors if c.id == "profile.env-reserved"]
+    assert bad and f"topology.decode.env.{name}" == bad[0].field, [c.id for c in plan.errors]
+    assert "loader variable" in bad[0].message
