@@ -31,17 +31,31 @@ MAX_WIDTH = 120  # even on a wide terminal: prose longer than this is hard to re
 FORMAT: contextvars.ContextVar[str] = contextvars.ContextVar("dsv4ctl_format", default="text")
 
 # What gets a colour on a terminal (the words are the same in every command's text output).
+# Colour follows meaning, not spelling: a failure line (FAILED, an error, "not healthy") gets no
+# reassuring green, so "healthy" inside "FAILED: not healthy after 40s" is not green.
+_FAILURE = re.compile(r"\bx error\b|\bFAILED\b|\bSHORT\b|^\s*error:|✗|\bfailed\b"
+                      r"|\bnot (?:healthy|ready|serving)\b|\bunhealthy\b")
 _STYLES = (
     (re.compile(r"\bx error\b|\bFAILED\b|\bSHORT\b|^error:|✗"), "bold red"),
+    (re.compile(r"\bnot (?:healthy|ready|serving)\b|\bunhealthy\b"), "red"),
     (re.compile(r"! warning\b|\bdrift\b"), "yellow"),
     (re.compile(r"i info\b"), "dim"),
     (re.compile(r"^\s+(\+>?|\+) "), "green"),
     (re.compile(r"^\s+(-<?|-) "), "red"),
     (re.compile(r"^\s+(~>?|~) "), "yellow"),
-    (re.compile(r"✓|\bhealthy\b|\bvalid profile\b"), "green"),
+    (re.compile(r"✓|(?<!not )(?<!un)\bhealthy\b|\bvalid profile\b"), "green"),
     (re.compile(r"^\s*fix: "), "cyan"),
     (re.compile(r"^(Plan|Diff):.*$"), "bold"),
 )
+_GOOD = "green"
+
+
+def styles_of(line: str) -> list[tuple[int, int, str]]:
+    """``(start, end, style)`` of each coloured span of ``line``: the one owner of what a word's
+    colour means (a failure line gets no green)."""
+    failure = bool(_FAILURE.search(line))
+    return [(m.start(), m.end(), style) for pattern, style in _STYLES
+            if not (failure and style == _GOOD) for m in pattern.finditer(line)]
 
 
 def _console(err: bool) -> Any:
@@ -114,9 +128,8 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
             console.file.write("\n")
         if line:
             t = Text(escape(line))
-            for pattern, style in _STYLES:
-                for m in pattern.finditer(line):
-                    t.stylize(style, m.start(), m.end())
+            for start, end, style in styles_of(line):
+                t.stylize(style, start, end)
             console.print(t, end="")
     console.file.flush()
 

@@ -150,3 +150,19 @@ def test_columns_asks_for_another_width_in_a_pipe(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("COLUMNS", "60")
     assert main(["plan", SHIPPED[0]]) == 0
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
+
+
+def test_status_words_are_coloured_by_meaning() -> None:
+    """ "healthy" inside a failure line is not green (it was, in `FAILED: not healthy after
+    40s`); a healthy line keeps its green."""
+    from orchestrator.cli.output import styles_of
+
+    def colours(line: str) -> dict[str, str]:
+        return {line[s:e]: style for s, e, style in styles_of(line)}
+
+    failed = colours("  health: FAILED: not healthy after 40s")
+    assert "green" not in failed.values()
+    assert failed["FAILED"] == "bold red" and failed["not healthy"] == "red"
+    assert "green" not in colours("  decode: unhealthy (HTTP 503)").values()
+    assert "green" not in colours("x error   capacity.layout: healthy layouts only").values()
+    assert colours("Apply complete: r0002 is healthy.")["healthy"] == "green"
