@@ -15,8 +15,9 @@ only keys listed there are accepted (the host is pinned); without it the control
 (``/etc/ssh/ssh_known_hosts``) and user (``~/.ssh/known_hosts``) files are read, as OpenSSH does. A
 key that differs from a known one is always refused. A host never seen before is accepted only under
 :func:`accept_new_host_keys` (``--accept-new-host-key``, OpenSSH's ``StrictHostKeyChecking
-accept-new``): its key is logged and recorded (in the host's ``known_hosts`` file, else the user's),
-so the next connection is pinned to it. Unknown and changed keys fail without retry.
+accept-new``): its key is logged and recorded in dsv4ctl's own known_hosts
+(``~/.config/dsv4ctl/known_hosts``, always read besides the others; never a file an inventory or
+profile names: issue 31), so the next connection is pinned to it. Unknown and changed keys fail without retry.
 
 Past 400 lines on purpose: connecting, host-key policy, commands, uploads and the HTTP tunnel all
 work on one paramiko transport and map its failures to one set of errors; what needs no
@@ -58,6 +59,17 @@ BACKOFF_S = 1.0  # first wait; doubles each retry (1, 2, 4 s)
 # (module attributes so tests can point them at files they create).
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# dsv4ctl's own known_hosts: the only file --accept-new-host-key writes (issue 31: it appended to
+# whatever file an inventory or profile's `known_hosts:` named). Always read besides the others.
+OWN_KNOWN_HOSTS = "${XDG_CONFIG_HOME:-~/.config}/dsv4ctl/known_hosts"
+
+
+def own_known_hosts() -> str:
+    """dsv4ctl's own known_hosts file on the controller (see :data:`OWN_KNOWN_HOSTS`)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
+    if OWN_KNOWN_HOSTS.startswith("${XDG_CONFIG_HOME"):
+        return os.path.expanduser(f"{base}/dsv4ctl/known_hosts")
+    return os.path.expanduser(OWN_KNOWN_HOSTS)
 
 log = logging.getLogger("dsv4ctl.ssh")
 
@@ -74,6 +86,34 @@ def accept_new_host_keys(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _ACCEPT_NEW.reset(token)
+
+
+def _load_known_hosts(conn: Connection, path: str, name: str, *, system: bool) -> None:
+    """Read one known_hosts file into the connection's host keys; a file paramiko cannot parse
+    (a ``@revoked`` or ``@cert-authority`` line, a damaged key) is a clear error, not a traceback
+    (issue 31). paramiko has no revocation: a file with a revoked line is refused outright, since
+    ignoring the line would accept the very key it revokes."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            marked = [n for n, ln in enumerate(fh, 1) if ln.lstrip().startswith("@")]
+    except OSError as exc:
+        raise RemoteError(f"cannot read known_hosts {path} for host '{name}': {exc}",
+                          fix="fix the path or the file's permissions (ssh-keyscan can fill it), "
+                              "or pass --accept-new-host-key to record the key the host offers "
+                              "in dsv4ctl's own known_hosts") from exc
+    if marked:
+        raise RemoteError(f"known_hosts {path} line {marked[0]} has a marker (@revoked or "
+                          "@cert-authority) that dsv4ctl's SSH library cannot honour",
+                          fix="give dsv4ctl a known_hosts file of plain host-key lines for this "
+                              "host (the inventory's known_hosts:), without the revoked key")
+    try:
+        if system:
+            conn.client.load_system_host_keys(path)
+        else:
+            conn.client.load_host_keys(path)
+    except (OSError, paramiko.SSHException, ValueError, IndexError) as exc:
+        raise RemoteError(f"cannot read known_hosts {path} for host '{name}': {exc}",
+                          fix="fix the file (each line: HOST KEYTYPE BASE64)") from exc
 
 
 class _UnknownHostKey(paramiko.SSHException):
@@ -252,30 +292,23 @@ class RemoteHost:
         """Replace fabric's default (``AutoAddPolicy``: any key accepted) with known_hosts checking."""
         accept_new = _ACCEPT_NEW.get()
         pinned = self.host.known_hosts
+        own = own_known_hosts()
         if pinned is not None:
-            # the host's own file, and only it: the inventory pins the host
-            if not (accept_new and not os.path.lexists(pinned)):
-                try:
-                    conn.client.load_host_keys(pinned)
-                except OSError as exc:
-                    raise RemoteError(
-                        f"cannot read known_hosts {pinned} for host '{self.name}': {exc}",
-                        fix="fix the inventory's known_hosts path (ssh-keyscan can fill it), or "
-                            "pass --accept-new-host-key to create it with the key the host "
-                            "offers") from exc
+            # the host's own file (and dsv4ctl's, where --accept-new-host-key records): the
+            # inventory pins the host
+            if os.path.lexists(pinned) or not (accept_new or os.path.isfile(own)):
+                _load_known_hosts(conn, pinned, self.name, system=False)
             searched = [pinned]
-            record_to = pinned
         else:
             searched = []
             for path in (SYSTEM_KNOWN_HOSTS, os.path.expanduser(USER_KNOWN_HOSTS)):
                 if os.path.isfile(path):
-                    try:
-                        conn.client.load_system_host_keys(path)
-                    except OSError as exc:
-                        raise RemoteError(f"cannot read known_hosts {path}: {exc}",
-                                          fix="fix the file's permissions") from exc
+                    _load_known_hosts(conn, path, self.name, system=True)
                     searched.append(path)
-            record_to = os.path.expanduser(USER_KNOWN_HOSTS)
+        if os.path.isfile(own) and own not in searched:
+            _load_known_hosts(conn, own, self.name, system=True)
+            searched.append(own)
+        record_to = own
         conn.client.set_missing_host_key_policy(
             _AcceptNew(record_to) if accept_new else _RejectUnknown(searched))
         return conn
@@ -291,7 +324,25 @@ class RemoteHost:
             h.address, user=h.user, port=h.port, gateway=gateway,
             connect_timeout=h.connect_timeout_s, connect_kwargs=self._kwargs(h.key)))
 
+    def _check_key_file(self) -> None:
+        """OpenSSH refuses a private key others can read ("UNPROTECTED PRIVATE KEY FILE",
+        ssh(1) sshkey_perm_ok); so does dsv4ctl (issue 31: a 0644 key was used)."""
+        key = self.host.key
+        if key is None:
+            return
+        try:
+            st = os.stat(key)
+        except OSError as exc:
+            raise RemoteError(f"cannot read the private key {key} for host '{self.name}': {exc}",
+                              fix="fix the inventory's key: path") from exc
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            raise RemoteError(
+                f"the private key {key} for host '{self.name}' is readable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); OpenSSH refuses such a key and so does "
+                "dsv4ctl", fix=f"chmod 600 {key}")
+
     def connect(self) -> RemoteHost:
+        self._check_key_file()
         where = f"{self.host.user}@{self.host.address}:{self.host.port}"
         if self.host.jump is not None:
             where += f" via {self.host.jump.user}@{self.host.jump.address}:{self.host.jump.port}"

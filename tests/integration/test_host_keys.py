@@ -46,15 +46,18 @@ def test_missing_known_hosts_file_is_a_clear_error(hosts: list[FakeHost], tmp_pa
 # ---- issue 19, Deliver 1: unknown keys are refused by default, accept-new is an explicit opt-in --
 
 @pytest.fixture
-def controller_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """The controller's system and user known_hosts, pointed at files this test owns (nothing
-    outside tmp_path is read or written)."""
+def controller_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    """The controller's system and user known_hosts and dsv4ctl's own (where the opt-in records
+    a key: issue 31), pointed at files this test owns (nothing outside tmp_path is read or
+    written)."""
     from orchestrator.remote import connection
 
     system, user = tmp_path / "etc_ssh_known_hosts", tmp_path / "home" / ".ssh" / "known_hosts"
     monkeypatch.setattr(connection, "SYSTEM_KNOWN_HOSTS", str(system), raising=False)
     monkeypatch.setattr(connection, "USER_KNOWN_HOSTS", str(user), raising=False)
-    return system, user
+    own = tmp_path / "config" / "dsv4ctl" / "known_hosts"
+    monkeypatch.setattr(connection, "OWN_KNOWN_HOSTS", str(own), raising=False)
+    return system, user, own
 
 
 def _other_key_line(fake: FakeHost, tmp_path: Path) -> str:
@@ -71,7 +74,7 @@ def _line_of(fake: FakeHost) -> str:
 
 
 def test_never_seen_key_is_refused_by_default(hosts: list[FakeHost],
-                                              controller_files: tuple[Path, Path]) -> None:
+                                              controller_files: tuple[Path, Path, Path]) -> None:
     """No known_hosts in the inventory and the key in no controller file: refused, not retried
     (before issue 19 fabric's AutoAddPolicy accepted any key silently)."""
     slept: list[float] = []
@@ -83,8 +86,8 @@ def test_never_seen_key_is_refused_by_default(hosts: list[FakeHost],
 
 
 def test_system_and_user_known_hosts_are_read(hosts: list[FakeHost],
-                                              controller_files: tuple[Path, Path]) -> None:
-    system, user = controller_files
+                                              controller_files: tuple[Path, Path, Path]) -> None:
+    system, user, _ = controller_files
     system.write_text(_line_of(hosts[0]))
     with connect("h", _host(hosts[0], None)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
@@ -121,30 +124,34 @@ def test_never_seen_key_is_accepted_only_with_the_opt_in(
         caplog: pytest.LogCaptureFixture) -> None:
     from orchestrator.remote.connection import accept_new_host_keys
 
-    user = controller_files[1]
+    user, own = controller_files[1], controller_files[2]
     with pytest.raises(RemoteError, match="is unknown"):
         connect("h", _host(hosts[0], None), sleep=lambda s: None)
     with caplog.at_level("WARNING", logger="dsv4ctl.ssh"), accept_new_host_keys(), \
             connect("h", _host(hosts[0], None)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
-    assert any("accepted the new host key" in r.getMessage() and str(user) in r.getMessage()
+    assert any("accepted the new host key" in r.getMessage() and str(own) in r.getMessage()
                for r in caplog.records)
-    # recorded like OpenSSH's accept-new (0600 file), and from now on pinned without the opt-in
-    assert user.read_text() == _line_of(hosts[0]) and user.stat().st_mode & 0o777 == 0o600
+    # recorded like OpenSSH's accept-new (0600 file), in dsv4ctl's own file only (issue 31),
+    # and from now on pinned without the opt-in
+    assert own.read_text() == _line_of(hosts[0]) and own.stat().st_mode & 0o777 == 0o600
+    assert not user.exists()
     with connect("h", _host(hosts[0], None)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
 
 
-def test_opt_in_creates_the_inventory_known_hosts(hosts: list[FakeHost], tmp_path: Path,
-                                                  controller_files: tuple[Path, Path]) -> None:
-    """With a per-host known_hosts that does not exist yet, the opt-in records the key there (the
-    inventory's file pins the host from then on); the user's file is left alone."""
+def test_opt_in_records_in_dsv4ctls_own_file_never_the_inventorys(
+        hosts: list[FakeHost], tmp_path: Path,
+        controller_files: tuple[Path, Path, Path]) -> None:
+    """With a per-host known_hosts that does not exist yet, the opt-in records the key in
+    dsv4ctl's own file, not in the file the inventory (or a profile) names (issue 31: it appended
+    to whatever file that was); the user's file is left alone; the host is pinned from then on."""
     from orchestrator.remote.connection import accept_new_host_keys
 
     pinned = tmp_path / "new_known_hosts"
     with accept_new_host_keys(), connect("h", _host(hosts[0], pinned)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
-    assert pinned.read_text() == _line_of(hosts[0])
+    assert not pinned.exists() and controller_files[2].read_text() == _line_of(hosts[0])
     assert not controller_files[1].exists()
     with connect("h", _host(hosts[0], pinned)) as remote:
         assert remote.run("echo ok").stdout.strip() == "ok"
@@ -172,6 +179,18 @@ def test_cli_refuses_then_accepts_with_the_flag(hosts: list[FakeHost], tmp_path:
     main([*argv, "--accept-new-host-key"])
     out = capsys.readouterr()
     assert "host h:" in out.out and "accepted the new host key" in out.err
-    assert controller_files[1].read_text() == _line_of(hosts[0])
+    assert controller_files[2].read_text() == _line_of(hosts[0])
     main(argv)
     assert "host h:" in capsys.readouterr().out
+
+
+# ---- issue 31: known_hosts writes only to dsv4ctl's own file; odd files are clear errors ------
+
+def test_a_revoked_line_in_known_hosts_is_a_clear_error(
+        hosts: list[FakeHost], tmp_path: Path, controller_files: tuple[Path, Path, Path]) -> None:
+    pinned = tmp_path / "known_hosts"
+    kind_b64 = _line_of(hosts[0]).split(None, 1)[1]
+    pinned.write_text(f"@revoked * {kind_b64}" + _line_of(hosts[0]))
+    with pytest.raises(RemoteError) as info:
+        connect("h", _host(hosts[0], pinned), sleep=lambda s: None)
+    assert "line 1 has a marker (@revoked" in info.value.message

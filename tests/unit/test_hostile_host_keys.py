@@ -44,3 +44,19 @@ def test_plan_text_shows_the_warning(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_every_connecting_command_has_the_opt_in(command: str) -> None:
     opts = {o for p in cli.commands[command].params for o in getattr(p, "opts", [])}
     assert "--accept-new-host-key" in opts
+
+
+def test_a_private_key_others_can_read_is_refused_before_connecting(tmp_path: Path) -> None:
+    """OpenSSH refuses a 0644 private key; dsv4ctl did not (issue 31)."""
+    from orchestrator.errors import RemoteError
+    from orchestrator.profile.inventory import Host
+    from orchestrator.remote.connection import RemoteHost
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o644)
+    host = Host(address="127.0.0.1", port=1029, key=str(key), gpus=None, connect_timeout_s=1)
+    with pytest.raises(RemoteError) as exc:
+        RemoteHost("h", host, sleep=lambda s: None).connect()
+    assert "readable by others (mode 0644)" in exc.value.message
+    assert exc.value.fix == f"chmod 600 {key}"
