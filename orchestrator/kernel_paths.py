@@ -90,7 +90,7 @@ def _compare(op: str, engine_name: str, m: KernelQualification) -> tuple[Path | 
     rows = [t for t in m.timings if t.op == op]
     shapes = sorted({t.shape for t in rows}, key=lambda s: [t.shape for t in rows].index(s))
     if not shapes:
-        return None, f"the measurement of {m.host} on {m.measured_at} has no {op} timings"
+        return None, f"the measurement of {m.host} ({m.measured_at[:10]}) has no {op} timings"
     wins: list[tuple[str, KernelTiming, KernelTiming]] = []
     for shape in shapes:
         eng = next((t for t in rows if t.shape == shape and t.contender == engine_name), None)

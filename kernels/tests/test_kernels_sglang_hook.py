@@ -335,3 +335,20 @@ def test_unknown_layout_computes_every_head(gen: torch.Generator,
     sglang_compat.flash_mla_sparse_decode_triton(c.q, c.k_cache, c.indices, c.topk_length,
                                                  c.attn_sink, 512, c.sm_scale)
     assert seen == [16]
+def test_only_the_ops_dsv4ctl_lists_are_patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DSV4_KERNELS_OPS (rendered per role from its kernel paths): an op not listed keeps
+    # SGLang's function, even with the hook active; unset, the pre-per-op behaviour
+    monkeypatch.setenv(sglang_hook.OPS_ENV, "indexer,mhc_pre")
+    res = _py(sglang_hook.PTH_LINE + PROBE, env_on=True)
+    assert res.stdout.strip() == "sglang.kernels.ops.attention.flash_mla_sm120_triton", res.stderr
+    assert "ops indexer,mhc_pre (from DSV4_KERNELS_OPS)" in res.stderr
+    monkeypatch.setenv(sglang_hook.OPS_ENV, "attention")
+    res = _py(sglang_hook.PTH_LINE + PROBE, env_on=True)
+    assert res.stdout.strip() == "dsv4_kernels.sglang_compat", res.stderr
+    monkeypatch.delenv(sglang_hook.OPS_ENV)
+    monkeypatch.delenv(sglang_hook.BF16_GEMMS_ENV, raising=False)
+    assert sglang_hook.active_ops() == {"attention", "indexer"}
+    monkeypatch.setenv(sglang_hook.BF16_GEMMS_ENV, "1")
+    assert sglang_hook.active_ops() == {"attention", "indexer", "mhc_pre"}
+    monkeypatch.setenv(sglang_hook.OPS_ENV, "attention,typo")
+    assert sglang_hook.active_ops() == {"attention"}

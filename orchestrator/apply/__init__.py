@@ -272,6 +272,8 @@ class HistoryRow:
     # per engine process: role, pid and the kernels it loaded when the release was last verified
     # healthy (empty with kernels disabled)
     kernels: list[dict[str, Any]] = field(default_factory=list)
+    # per role, the path each hooked op ran in this release (engine | bundled)
+    kernel_paths: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _ms(v: Any) -> str:
@@ -331,7 +333,8 @@ def history(host_name: str, host: Host) -> list[HistoryRow]:
             events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events],
             qualification=r.qualification.model_dump(mode="json") if r.qualification else None,
             pool=[m.model_dump(mode="json") for m in r.pool],
-            kernels=[k.model_dump(mode="json") for k in r.kernels]))
+            kernels=[k.model_dump(mode="json") for k in r.kernels],
+            kernel_paths={role: dict(ops) for role, ops in r.kernel_paths.items()}))
     return rows
 
 

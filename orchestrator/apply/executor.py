@@ -34,6 +34,7 @@ from orchestrator.apply.playbook import Playbook, load_playbook
 from orchestrator.apply.preflight import reconcile
 from orchestrator.apply.steps import ACTIONS
 from orchestrator.errors import ApplyFailed, DsvError, Interrupted, RemoteError
+from orchestrator.kernel_paths import served_by
 from orchestrator.release.record import ReleaseRecord, rollback_target, utcnow
 
 
@@ -291,7 +292,9 @@ class Runner:
             ctx.record = ReleaseRecord.model_construct(
                 id="pending", created="", host=host, deployment=ctx.plan.deployment.name,
                 profile_name=ctx.plan.profile_name, plan_id=pid,
-                base_release=ctx.plan.current_release)
+                base_release=ctx.plan.current_release,
+                kernel_paths={r.name: served_by(r) for r in ctx.plan.deployment.roles
+                              if r.kernels})
             try:
                 finish = run_playbook(pb, ctx, end=1)
             except _StepError as err:

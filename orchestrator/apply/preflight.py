@@ -79,6 +79,10 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
                                       for f in (facts, narrow)}:
             return ("the host's KV-pool calibration (calibration.json) changed since planning: "
                     "a newer measurement of its engine; re-plan to use it")
+        if plan.facts_fingerprint in {f.model_copy(update={"kernel_qualification": []})
+                                      .fingerprint() for f in (facts, narrow)}:
+            return ("the host's kernel measurement (kernels-qualification.json) changed since "
+                    "planning (`dsv4ctl qualify kernels`); re-plan to use it")
         return ("the host's facts (GPUs, disks, models, ports, units or KV-pool calibration) "
                 "changed since planning")
     # free space is not in the fingerprint (Facts.fingerprint): what matters is that the

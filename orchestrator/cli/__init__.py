@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "orchestrator.cli.apply_cmd",
     "orchestrator.cli.probe_cmd",
     "orchestrator.cli.calibrate_cmd",
+    "orchestrator.cli.qualify_cmd",
 )
 
 

@@ -318,6 +318,9 @@ def history(profile_path: Path | None, inventory: Path | None, host_name: str | 
             _echo(f"      failed at {r.failed_step}")
         for m in r.pool:
             _echo(f"      {pool_line(m)}")
+        for role, ops in r.kernel_paths.items():
+            _echo(f"      kernel paths {role}: "
+                  + ", ".join(f"{op} {path}" for op, path in ops.items()))
         for k in r.kernels:
             _echo(f"      kernels {k['role']} (pid {k['pid']}, when verified healthy): "
                   f"{k['loaded']}")

@@ -30,7 +30,7 @@ class _Side:
     """
 
     def __init__(self, text: str, label: str, profile_path: Path | None, inventory: Path | None,
-                 *, want_plan: bool, host_name: str | None = None) -> None:
+                 *, want_plan: bool, host_name: str | None = None, live: bool = False) -> None:
         from orchestrator.catalog.errors import CatalogError
         from orchestrator.planner.build import build_plan, resolve_deployment
         from orchestrator.planner.fleet import fleet_context, plan_fleet
@@ -51,6 +51,12 @@ class _Side:
         ctx = fctx.context(name, dict(fctx.all_hosts)[name])
         try:
             self.deployment = resolve_deployment(ctx)
+            if live:  # the host's probed facts: its stored kernel measurement decides paths
+                from orchestrator.remote import gather_facts
+
+                facts = gather_facts(ctx.host_name, ctx.host, model_paths=[ctx.profile.model.path],
+                                     engine_env=ctx.profile.engine.env)
+                self.deployment = build_plan(ctx, facts).deployment
             self.tree = render_release(self.profile, self.deployment)
             self.plan = None
             self.fleet_plan = None
@@ -91,8 +97,11 @@ _host_opt = host_option()
               help="For git diff: print the profile followed by its rendered tree; a profile that "
                    "does not render prints its error instead of failing the whole git diff.")
 @_host_opt
+@click.option("--live", is_flag=True,
+              help="Render from the host's probed facts, as `plan --live` does: each op's kernel "
+                   "path follows the host's stored `dsv4ctl qualify kernels` measurement.")
 def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, to_stdout: bool,
-           textconv: bool, host_name: str | None) -> int:
+           textconv: bool, host_name: str | None, live: bool) -> int:
     """Render the release tree a host would receive for PROFILE: into DIR with -o, else every file
     of the tree to stdout, one after another (for review; `-` reads the profile from stdin).
 
@@ -123,7 +132,12 @@ def render(profile: Path | None, inventory: Path | None, out_dir: Path | None, t
         echo("# ---- rendered release tree ----", raw=True)
         echo(side.tree.to_text(), nl=False, raw=True)
         return 0
-    side = _Side(text, str(path), path, inventory, want_plan=False, host_name=host_name)
+    side = _Side(text, str(path), path, inventory, want_plan=False, host_name=host_name,
+                 live=live)
+    if live and side.fleet.is_fleet and host_name is None:
+        raise DsvError("render --live of a fleet needs the host named",
+                       fix="add --host NAME (one of: "
+                           + ", ".join(n for n, _ in side.fleet.all_hosts) + ")")
     if side.fleet.is_fleet and host_name is None:
         return _render_fleet(side, text, path, inventory, out_dir, to_stdout)
     if to_stdout:

@@ -117,6 +117,9 @@ class ReleaseRecord(BaseModel):
     # apply's record step, or a rollback or restore to it); empty when kernels are disabled (and
     # in older records)
     kernels: list[KernelsSeen] = Field(default_factory=list)
+    # per role, the path each hooked op runs in this release (engine | bundled), as its plan
+    # decided (orchestrator/kernel_paths.py); empty in older records
+    kernel_paths: dict[str, dict[str, Literal["engine", "bundled"]]] = Field(default_factory=dict)
 
     def begin(self, step: str, now: datetime) -> JournalEntry:
         entry = JournalEntry(step=step, start=stamp(now))

@@ -31,6 +31,7 @@ from orchestrator.facts import (
     EngineEnvFact,
     Facts,
     GpuFact,
+    KernelQualification,
     ModelFact,
     PoolMeasurement,
     UnitFact,
@@ -437,6 +438,25 @@ def probe_calibration(shell: Shell, install_root: str) -> list[PoolMeasurement]:
     return parse_calibration(res.stdout, where=f"{path} on the host")
 
 
+def kernel_qualification_command(install_root: str) -> str:
+    from orchestrator.kernel_qualification import QUALIFICATION_FILE
+
+    path = f"{install_root.rstrip('/')}/{QUALIFICATION_FILE}"
+    return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+
+def probe_kernel_qualification(shell: Shell, install_root: str) -> list[KernelQualification]:
+    """The host's kernel measurements (``<install_root>/kernels-qualification.json``, written by
+    ``dsv4ctl qualify kernels``); none when the file is absent."""
+    from orchestrator.kernel_qualification import QUALIFICATION_FILE, parse_file
+
+    path = f"{install_root.rstrip('/')}/{QUALIFICATION_FILE}"
+    res = shell.run(kernel_qualification_command(install_root), timeout=30)
+    if not res.ok:
+        raise RemoteError(f"reading {path} failed (exit {res.rc}): {res.stderr[:300]}")
+    return parse_file(res.stdout, where=f"{path} on the host")
+
+
 # ---------------------------------------------------------------------------------------- all ---
 
 def probe_paths(host: Host, model_paths: Iterable[str] = ()) -> tuple[list[str], list[str]]:
@@ -522,7 +542,8 @@ def _fact_commands(host: Host, model_paths: Iterable[str], engine_env: str | Non
     cmds = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
             units_command(host.scope), current_command(host.install_root),
             calibration_command(host.install_root),
-            drift_command(host.install_root, unit_dir_expr(host.scope))]
+            drift_command(host.install_root, unit_dir_expr(host.scope)),
+            kernel_qualification_command(host.install_root)]
     return cmds + ([engine_env_command(engine_env)] if engine_env else [])
 
 
@@ -593,6 +614,7 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         current_release=current,
         current_files=files,
         calibration=probe_calibration(shell, host.install_root),
+        kernel_qualification=probe_kernel_qualification(shell, host.install_root),
         current_roles=roles,
         latest_release=latest,
         engine_env=probe_engine_env(shell, engine_env) if engine_env else None,

@@ -23,10 +23,10 @@ PROFILES = data_dir("profiles")
 DEFAULT = str(PROFILES / "default.yaml")
 # the commands that read a profile, and among them those whose subject it is (operand allowed)
 READS_PROFILE = {"validate", "plan", "render", "apply", "rollback", "history", "status", "unlock",
-                 "calibrate", "probe chat"}
+                 "calibrate", "qualify kernels", "probe chat"}
 PROFILE_OPERAND = {"validate": "profile", "plan": "profile", "render": "profile", "apply": "source"}
 ACTS_ON_HOST = {"plan", "render", "diff", "apply", "rollback", "history", "status", "unlock",
-                "calibrate"}
+                "calibrate", "qualify kernels"}
 
 
 def _commands() -> Iterator[tuple[str, click.Command]]:
