@@ -276,7 +276,8 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
 def history(profile_path: Path | None, inventory: Path | None, host_name: str | None,
             fmt: str) -> int:
     """List the host's releases, oldest first: status, what restarted, qualification figures
-    (recall, tok/s, TTFT), the kernels its engines loaded when verified healthy, rollbacks.
+    (recall, tok/s, TTFT), each role's kernel path per op and the kernels its engines loaded
+    when verified healthy, rollbacks.
 
     With -p FLEET-PROFILE and no --host: every rollout and fleet rollback of the fleet, oldest
     first: which hosts moved (to which release), were rolled back, prepared but never switched,
