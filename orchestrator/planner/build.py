@@ -59,7 +59,36 @@ def inventory_path_for(profile_path: Path | None, explicit: Path | None) -> Path
         return explicit
     candidates = [profile_path.parent / "inventory.yaml"] if profile_path is not None else []
     candidates.append(Path("inventory.yaml"))
-    return next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is not None:
+        _trusted_inventory(found)
+    return found
+
+
+def _trusted_inventory(path: Path) -> None:
+    """A discovered inventory (not one named with --inventory) decides where dsv4ctl connects and
+    what it runs there: refuse one another user can write or replace (issue 31: an
+    ./inventory.yaml in a world-writable directory, owned by another user, was used silently)."""
+    import os
+    import stat as st_
+
+    me = os.geteuid()
+    for what, p in (("it", path), ("its directory", path.resolve().parent)):
+        try:
+            s = os.stat(p)
+        except OSError:
+            continue
+        why = None
+        if s.st_uid not in (0, me):
+            why = f"{what} is owned by uid {s.st_uid}, not by you or root"
+        elif s.st_mode & 0o022:
+            why = (f"{what} is writable by group or others (mode "
+                   f"{st_.S_IMODE(s.st_mode):04o})")
+        if why:
+            raise ProfileError(
+                f"found {path} but will not use it: {why}, so another user could point dsv4ctl "
+                "at any machine", fix=f"pass --inventory {path} if you trust it, or chmod go-w "
+                "it and its directory (or move it somewhere only you can write)")
 
 
 def host_of(profile: Profile, inventory: Inventory | None, inventory_path: Path | None,

@@ -8,6 +8,7 @@ real path (``pwd -P``) of the install root with the system directories.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -43,3 +44,41 @@ def test_the_host_refuses_a_root_whose_real_path_is_a_system_directory(tmp_path:
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == hostfs.REFUSED_RC
     assert "its real path /etc is a system directory" in res.stderr, res.stderr
+
+
+# ------------------------------------------ inventory discovery refuses others' files (31) ---
+
+def _discover(tmp_path: Path, dir_mode: int, file_mode: int) -> Path:
+    from orchestrator.paths import data_dir
+
+    d = tmp_path / "shared"
+    d.mkdir()
+    (d / "inventory.yaml").write_text((data_dir("profiles") / "inventory.yaml").read_text())
+    (d / "p.yaml").write_text((data_dir("profiles") / "default.yaml").read_text())
+    os.chmod(d / "inventory.yaml", file_mode)
+    os.chmod(d, dir_mode)
+    return d / "p.yaml"
+
+
+@pytest.mark.parametrize(("dir_mode", "file_mode", "why"), [
+    (0o777, 0o644, "its directory is writable by group or others (mode 0777)"),
+    (0o1777, 0o644, "its directory is writable by group or others (mode 1777)"),
+    (0o755, 0o666, "it is writable by group or others (mode 0666)"),
+])
+def test_a_discovered_inventory_others_can_write_is_refused(
+        tmp_path: Path, dir_mode: int, file_mode: int, why: str) -> None:
+    from orchestrator.errors import DsvError
+    from orchestrator.planner.build import plan_from_paths
+
+    profile = _discover(tmp_path, dir_mode, file_mode)
+    with pytest.raises(DsvError) as exc:
+        plan_from_paths(profile)
+    text = " ".join(exc.value.render().split())
+    assert why in text and "--inventory" in text
+
+
+def test_an_inventory_named_on_the_command_line_is_the_operators_choice(tmp_path: Path) -> None:
+    from orchestrator.planner.build import plan_from_paths
+
+    profile = _discover(tmp_path, 0o777, 0o644)
+    assert plan_from_paths(profile, profile.parent / "inventory.yaml").host == "gpu-host"
