@@ -158,10 +158,16 @@ def decide_role(engine: EngineRules, dep: Deployment, role: RoleDeployment, arch
         choice = choices.get(op, "auto")
         env = tuple(sorted(spec.bundled_env.items()))
 
+        # a role's own env may steer SGLang itself (e.g. SGLANG_SM120_FLASHMLA_BACKEND=torch);
+        # on the engine's path that is what runs, and the plan says so
+        own = [f"{k}={v}" for k, v in role.env if k in spec.bundled_env]
+        engine_runs = (f"SGLang as the role's env sets it ({', '.join(own)})" if own
+                       else spec.engine)
+
         def made(path: Path, why: str, source: str, measured: str | None = None,
-                 spec=spec, env=env, op=op, choice=choice) -> OpPath:
+                 spec=spec, env=env, op=op, choice=choice, engine_runs=engine_runs) -> OpPath:
             return OpPath(op=op, choice=choice, path=path,
-                          runs=spec.bundled if path == BUNDLED else spec.engine,
+                          runs=spec.bundled if path == BUNDLED else engine_runs,
                           why=why, source=source, env=env if path == BUNDLED else (),
                           measured=measured)
 

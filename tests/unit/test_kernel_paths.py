@@ -172,3 +172,16 @@ def test_the_h200_run_names_flashinfer_unavailable_and_times_the_others(tmp_path
     (warn,) = [c for c in plan.checks if c.id == "kernels.measurement-ignored"]
     assert "is for sglang none" in warn.message
     assert _paths(plan)[("decode", "attention")].path == "engine"
+
+
+def test_a_role_env_that_steers_sglang_is_what_the_plan_names(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    data = ctx.profile.model_dump(mode="json", by_alias=True)
+    data["kernels"] = {"attention": "engine"}
+    data["topology"]["decode"]["env"] = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+    (tmp_path / "p.yaml").write_text(json.dumps(data))
+    plan = build_plan(load_context(tmp_path / "p.yaml", None))
+    att = _paths(plan)[("decode", "attention")]
+    assert att.path == "engine"
+    assert att.runs == "SGLang as the role's env sets it (SGLANG_SM120_FLASHMLA_BACKEND=torch)"
+    assert _paths(plan)[("prefill", "attention")].runs == "FlashInfer sparse MLA"
