@@ -10,9 +10,13 @@ no printing path can forget it.
 
 Escaped: C0 controls but newline and tab, DEL, C1 controls (U+0080-U+009F), the bidi embeddings,
 overrides and isolates (U+202A-U+202E, U+2066-U+2069), the marks U+200E, U+200F, U+061C, and
-U+2028/U+2029 (line breaks some terminals honour). Each becomes ``\\uXXXX``: readable, and inside a
-JSON string (``plan --format json``) it decodes back to the same character, so JSON stays valid
-and equal. Standard library only.
+U+2028/U+2029 (line breaks some terminals honour), and the invisible characters (zero-width
+space and joiners, word joiner, byte-order mark, soft hyphen, tag characters U+E0000-U+E007F...)
+that make two different paths look alike. Each becomes ``\\uXXXX`` (a surrogate pair beyond
+U+FFFF): readable, and inside a JSON string (``plan --format json``) it decodes back to the same
+character, so JSON stays valid and equal. The CLI escapes before click writes (click strips escape
+sequences from piped output, which then showed other bytes than were deployed). Standard library
+only.
 """
 
 from __future__ import annotations
@@ -24,12 +28,27 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
-                    "\u202a-\u202e\u2066-\u2069]")
+                    "\u202a-\u202e\u2066-\u2069"
+                    # invisible (issue 31: printed raw in paths and history): soft hyphen,
+                    # combining grapheme joiner, Hangul fillers, Mongolian vowel separator,
+                    # zero-width space/non-joiner/joiner, word joiner and invisible operators,
+                    # the byte-order mark, interlinear annotations, and the tag characters
+                    "\u00ad\u034f\u115f\u1160\u180e\u200b-\u200d\u2060-\u2064\u3164"
+                    "\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e007f]")
+
+
+def _code(ch: str) -> str:
+    n = ord(ch)
+    if n <= 0xFFFF:
+        return f"\\u{n:04x}"
+    n -= 0x10000  # as a JSON string writes it: a surrogate pair, so JSON stays valid and equal
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
 
 
 def escape(text: str) -> str:
-    """``text`` with every character of :data:`UNSAFE` written as ``\\uXXXX``."""
-    return UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    """``text`` with every character of :data:`UNSAFE` written as ``\\uXXXX`` (a surrogate
+    pair beyond U+FFFF)."""
+    return UNSAFE.sub(lambda m: _code(m.group()), text)
 
 
 class _EscapingStream:

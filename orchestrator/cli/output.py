@@ -106,7 +106,9 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
     a patch; only prose is fitted to the terminal)."""
     text = "" if message is None else str(message)
     if raw:
-        click.echo(text, nl=nl, err=err)
+        # escaped before click sees it: click strips escape sequences from what goes to a pipe,
+        # so a pipe showed other bytes than were deployed (issue 31); escaped, both show \u001b
+        click.echo(escape(text), nl=nl, err=err)
         return
     console = _console(err)
     cols = min(console.width, MAX_WIDTH) if console.is_terminal else console.width
@@ -119,7 +121,7 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         out += fold(line.rstrip(), cols) if wrap else [line]
     body = "\n".join(out) + ("\n" if trailing or nl else "")
     if not (console.is_terminal and console.color_system) or console.no_color:
-        click.echo(body, nl=False, err=err)
+        click.echo(escape(body), nl=False, err=err)
         return
     from rich.text import Text
 
