@@ -43,13 +43,15 @@ CALIBRATION_FORMAT = 1
 #: The live pool may differ this much from the plan before ``dsv4ctl status`` calls it drift.
 POOL_DRIFT_THRESHOLD = 0.05
 
+# Numbers bounded in digits (issue 31: a log line is host data, and max_total_num_tokens=10**5000
+# was a traceback): a line with a longer number is not SGLang's and is not read.
 _SCHED_RE = re.compile(
-    r"max_total_num_tokens=(?P<max_total_num_tokens>\d+), "
-    r"chunked_prefill_size=(?P<chunked_prefill_size>-?\d+|None), "
-    r"max_prefill_tokens=(?P<max_prefill_tokens>\d+|None), "
-    r"max_running_requests=(?P<max_running_requests>\d+|None), "
-    r"context_len=(?P<context_len>\d+|None), "
-    r"available_(?:gpu|cpu)_mem=(?P<available_mem_gb>[0-9.]+) GB")
+    r"max_total_num_tokens=(?P<max_total_num_tokens>\d{1,13}), "
+    r"chunked_prefill_size=(?P<chunked_prefill_size>-?\d{1,13}|None), "
+    r"max_prefill_tokens=(?P<max_prefill_tokens>\d{1,13}|None), "
+    r"max_running_requests=(?P<max_running_requests>\d{1,13}|None), "
+    r"context_len=(?P<context_len>\d{1,13}|None), "
+    r"available_(?:gpu|cpu)_mem=(?P<available_mem_gb>[0-9]{1,9}(?:\.[0-9]{1,9})?) GB")
 
 
 class SchedulerLine(BaseModel):
@@ -99,7 +101,7 @@ def server_info_pool(info: Any) -> tuple[int | None, str | None]:
         return None, None
     tokens = info.get("max_total_num_tokens")
     version = info.get("version")
-    return (tokens if isinstance(tokens, int) and tokens > 0 else None,
+    return (tokens if isinstance(tokens, int) and 0 < tokens <= 1 << 40 else None,
             version if isinstance(version, str) else None)
 
 

@@ -70,15 +70,25 @@ def holder_info(command: str) -> dict[str, Any]:
 
 
 def parse_holder(text: str) -> Holder | None:
+    """The info file, read back from the host (host data, for display only: issue 31): bounded
+    JSON, a pid of at most 10 digits, each shown field a short string."""
+    from orchestrator.host_data import HostDataError, bounded_json
+
     lines = text.splitlines()
     if not lines:
         return None
-    pid = int(lines[0]) if lines[0].strip().isdigit() else None
+    first = lines[0].strip()
+    pid = int(first) if first.isdigit() and len(first) <= 10 else None
     try:
-        info = json.loads("\n".join(lines[1:])) if len(lines) > 1 else {}
-    except json.JSONDecodeError:
+        info = bounded_json("\n".join(lines[1:]), "the lock's info file",
+                            max_bytes=64 << 10) if len(lines) > 1 else {}
+    except HostDataError:
         info = {"raw": "\n".join(lines[1:])[:300]}
-    return Holder(remote_pid=pid, info=info if isinstance(info, dict) else {})
+    if not isinstance(info, dict):
+        info = {}
+    shown = {k: str(v)[:300] for k, v in info.items()
+             if k in ("user", "controller", "pid", "started", "command", "raw")}
+    return Holder(remote_pid=pid, info=shown)
 
 
 def read_holder(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> Holder | None:

@@ -236,11 +236,29 @@ def _readers() -> list[Any]:
         parse_index_total_size,
         workers,
         lambda t: fleet_journal(t, "fleet journal"),
+        _holder,
+        lambda t: _sched(t),
     ]
 
 
+def _holder(text: str) -> Any:
+    from orchestrator.remote.lock import parse_holder
+
+    h = parse_holder("12345\n" + text)
+    assert h is None or all(isinstance(v, str) and len(v) <= 300 for v in h.info.values())
+    if h is not None:
+        h.describe()
+    return h
+
+
+def _sched(text: str) -> Any:
+    from orchestrator.calibration import last_scheduler_line
+
+    return last_scheduler_line(text, where="engine.log")
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(doc=_documents, which=st.integers(0, 5))
+@given(doc=_documents, which=st.integers(0, 7))
 def test_every_host_reader_gives_a_clean_error_or_a_valid_value(doc: str, which: int) -> None:
     """Never a traceback: a DsvError with a message, or a value of the reader's type."""
     reader = _readers()[which]
@@ -339,3 +357,14 @@ def test_plan_shows_its_target_and_where_each_secret_comes_from(tmp_path: Path) 
     assert "target: dsv4@gpu-host.internal:22 (an inline host in the profile; the inventory " \
            "is not used" in " ".join(text.split())
     assert "secret DSV4_SECRET_API_KEY: from file /etc/dsv4/key on the controller" in text
+
+
+@pytest.mark.parametrize("tokens", ["1" + "0" * 5000, "9" * 40])
+def test_huge_token_counts_in_an_engine_log_are_a_clean_error(tokens: str) -> None:
+    from orchestrator.calibration import last_scheduler_line, server_info_pool
+
+    log = (f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+           "max_running_requests=64, context_len=1048576, available_gpu_mem=12.5 GB\n")
+    with pytest.raises(DsvError, match="no SGLang scheduler startup line"):
+        last_scheduler_line(log, where="engine.log")
+    assert server_info_pool({"max_total_num_tokens": 10 ** 400})[0] is None

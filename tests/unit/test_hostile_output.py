@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from orchestrator.terminal import escape
 from tests.unit.test_render_cli import _invoke
 from tests.validate.helpers import INVENTORY, PROFILES
@@ -36,6 +37,7 @@ def test_a_path_with_invisible_characters_is_shown_escaped_in_piped_render_outpu
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(prof, allow_unicode=True))
     rc, out, err = _invoke("render", str(path), "--stdout")
+    assert rc == 0, err
     text = out + err
     assert "\u200b" not in text
     assert "/models/DeepSeek\\u200b-V4" in text, text[-2000:]
