@@ -93,15 +93,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
 
 
+def _options() -> dict[str, frozenset[str]]:
+    """command -> its option spellings (``probe recall`` for a group's commands)."""
+    out: dict[str, frozenset[str]] = {}
+    for name, cmd in cli.commands.items():
+        subs = cmd.commands.items() if isinstance(cmd, click.Group) else [("", cmd)]
+        for sub, c in subs:
+            out[f"{name} {sub}".strip()] = frozenset(
+                o for p in c.params for o in getattr(p, "opts", ()) if o.startswith("-"))
+    return out
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    from orchestrator.cli import rerun
+
     route_library_logs(False)
     FORMAT.set("text")
+    rerun.RUN.set(None)
+    rerun.OPTIONS.set(_options())
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="dsv4ctl",
                           standalone_mode=False)
     except DsvError as exc:
         if FORMAT.get() == "json":
-            _json_error(int(exc.exit_code), exc.message, exc.fix,
+            _json_error(int(exc.exit_code), exc.message,
+                        rerun.complete(exc.fix) if exc.fix else exc.fix,
                         exc.problems if isinstance(exc, InputError) else ())
         echo(exc.render(), err=True)
         return int(exc.exit_code)

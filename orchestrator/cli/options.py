@@ -109,14 +109,27 @@ HOST_HELP = ("Inventory host (or member of the profile's fleet) to act on. Defau
 INVENTORY_HELP = "Inventory file. Default: inventory.yaml beside the profile, then ./inventory.yaml."
 
 
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """An option callback that records the value as the run's target (cli/rerun.py): every
+    command dsv4ctl prints for the operator then carries it."""
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        from orchestrator.cli.rerun import record
+
+        record(**{key: value})
+        return value
+
+    return callback
+
+
 def inventory_option() -> Any:
     return click.option("--inventory", "-i", type=click.Path(dir_okay=False, path_type=Path),
                         default=None, envvar="DSV4CTL_INVENTORY", show_envvar=True,
-                        help=INVENTORY_HELP)
+                        help=INVENTORY_HELP, callback=_remember("inventory"))
 
 
 def host_option() -> Any:
-    return click.option("--host", "host_name", metavar="NAME", default=None, help=HOST_HELP)
+    return click.option("--host", "host_name", metavar="NAME", default=None, help=HOST_HELP,
+                        callback=_remember("host"))
 
 
 def _same_path(a: Path, b: Path) -> bool:
@@ -130,7 +143,8 @@ def profile_option(operand: str | None = None) -> Any:
     names it, as ``profile_path``."""
     opt = click.option("-p", "--profile", "profile_opt" if operand else "profile_path",
                        type=click.Path(dir_okay=False, path_type=Path), default=None,
-                       metavar="FILE", help=PROFILE_HELP)
+                       metavar="FILE", help=PROFILE_HELP,
+                       callback=None if operand else _remember("profile"))
     if operand is None:
         return opt
 
@@ -143,6 +157,9 @@ def profile_option(operand: str | None = None) -> Any:
                     f"the profile is given twice and differs: {operand.upper()} '{given}' and "
                     f"--profile '{profile_opt}'; give it once (either spelling)")
             kwargs[operand] = given if given is not None else profile_opt
+            from orchestrator.cli.rerun import record
+
+            record(profile=kwargs[operand])
             return fn(*args, **kwargs)
 
         return opt(wrapper)
@@ -175,6 +192,9 @@ def deprecated_host_operand(command: str) -> Any:
                     raise click.UsageError(f"the host is given twice and differs: HOST "
                                            f"'{old_host}' and --host '{host}'; give --host once")
                 kwargs["host_name"] = old_host
+                from orchestrator.cli.rerun import record
+
+                record(host=old_host)
             return fn(*args, **kwargs)
 
         return click.argument("old_host", required=False, metavar="HOST",

@@ -99,6 +99,24 @@ def fold(line: str, cols: int) -> list[str]:
                          replace_whitespace=False) or [line[:cols]]
 
 
+_KEEP = "\x00"  # a space inside a printed command: folding never breaks a command in two
+_DSV4CTL_COMMAND = re.compile(r"(?<![\w./-])dsv4ctl [a-z][^`;\n(#]*")
+
+
+def _fold_keeping_commands(line: str, cols: int) -> list[str]:
+    """:func:`fold`, but a ``dsv4ctl ...`` command stays on one line, whole (copied, it runs)."""
+    if len(line) <= cols or "dsv4ctl " not in line:
+        return fold(line, cols)
+    kept = _DSV4CTL_COMMAND.sub(lambda m: m.group(0).rstrip().replace(" ", _KEEP)
+                                + m.group(0)[len(m.group(0).rstrip()):], line)
+    if kept == line:
+        return fold(line, cols)
+    indent = line[: len(line) - len(line.lstrip())]
+    pieces = textwrap.wrap(kept, width=cols, subsequent_indent=indent + "    ",
+                           break_long_words=False, break_on_hyphens=False)
+    return [p.replace(_KEEP, " ") for p in pieces] or [line]
+
+
 def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool = False,
          wrap: bool = True) -> None:
     """Print ``message``: folded to the width and coloured on a terminal, unless ``raw``.
@@ -110,6 +128,9 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         # so a pipe showed other bytes than were deployed (issue 31); escaped, both show \u001b
         click.echo(escape(text), nl=nl, err=err)
         return
+    from orchestrator.cli.rerun import complete
+
+    text = complete(text)  # a printed command carries this run's -p, -i and --host
     console = _console(err)
     cols = min(console.width, MAX_WIDTH) if console.is_terminal else console.width
     lines = text.split("\n")
@@ -118,7 +139,7 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         lines = lines[:-1]
     out: list[str] = []
     for line in lines:
-        out += fold(line.rstrip(), cols) if wrap else [line]
+        out += _fold_keeping_commands(line.rstrip(), cols) if wrap else [line]
     body = "\n".join(out) + ("\n" if trailing or nl else "")
     if not (console.is_terminal and console.color_system) or console.no_color:
         click.echo(escape(body), nl=False, err=err)

@@ -60,7 +60,7 @@ def test_every_offline_command_fits_100_columns_in_a_pipe(tmp_path: Path,
             if args[0] == "diff":  # the prose only: unified diffs are verbatim patches
                 stream = stream.split("\n--- a/")[0]
             too_wide += [(args, len(line), line) for line in stream.splitlines()
-                         if len(line) > WIDTH]
+                         if len(line) > WIDTH and not _whole_command(line)]
     assert too_wide == [], "\n".join(f"{a}: {n}: {line}" for a, n, line in too_wide[:10])
 
 
@@ -149,7 +149,14 @@ def test_columns_asks_for_another_width_in_a_pipe(monkeypatch: pytest.MonkeyPatc
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "60")
     assert main(["plan", SHIPPED[0]]) == 0
-    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
+    wide = [ln for ln in capsys.readouterr().out.splitlines() if len(ln) > 60]
+    assert all(_whole_command(ln) for ln in wide), wide
+
+
+def _whole_command(line: str) -> bool:
+    """A printed command is kept whole, wider than the terminal if need be (copied, it runs):
+    the only text allowed past the width, and then alone on its line."""
+    return bool(re.fullmatch(r"\s*`?dsv4ctl [^`]*`?\S?", line))
 
 
 def test_status_words_are_coloured_by_meaning() -> None:
