@@ -19,12 +19,13 @@ Design (see ``../shared/research/kernels.md`` sections 1.2, 5.3, 6):
   log that *excludes* the sink; the sink scales the output by ``1 / (1 + exp(sink - lse))``;
   rows without keys give ``out = 0`` and ``lse = +inf``.
 * Tiles: ``BH`` heads x ``BT`` tokens x 512. The dequantized K tile doubles as V.
-* Six shipped variants (:class:`DecodeConfig`), picked by :func:`choose_variant` from static
-  shapes, the device's shared memory and architecture: ``pf`` on sm_120 (the deploy target),
-  ``ws``/``wg``/``dsplit`` on sm_90, ``local``/``full`` where those cannot run. The Gluon
-  variants live in ``wg_decode.py``/``ws_decode.py``; pieces all variants share in
-  ``decode_common.py``. Variants no dispatch picks live in ``kernels/experimental`` and plug
-  in through :func:`register_variant`. Measurements: docs/kernels-notes.md.
+* Four shipped variants (:class:`DecodeConfig`), picked by :func:`choose_variant` from static
+  shapes and the device's shared memory: ``pf`` and ``local`` on sm_120 (the deploy target,
+  the only part the SGLang hook routes here), ``dsplit``/``local``/``full`` elsewhere; pieces
+  all variants share in ``decode_common.py``. Variants no dispatch picks live in
+  ``kernels/experimental`` (the sm_90 Gluon kernels ``wg`` and ``ws`` among them: no SGLang
+  entry point on sm_90 reaches this package) and plug in through :func:`register_variant`.
+  Measurements: docs/kernels-notes.md.
 
 Past 400 lines (about 1,250): the four Triton variants (``dsplit``, ``full``, ``pf``, ``local``)
 with their tile helpers, the combine kernel, then the host side (configs, dispatch, launch). The
@@ -34,7 +35,6 @@ host side is the seam to split along, left for a change that reruns the kernels 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -690,12 +690,10 @@ class DecodeConfig:
     columns after a shared ``Q K^T``: for a handful of rows on large-shared-memory parts),
     ``"full"`` (pf's product without the prefetch, one [BT, 512] gather per tile; parts with
     160-200 KB), ``"local"`` (each program dequantizes ``stage_round`` tiles into a private
-    L2-resident slot and attends over them with pipelined tile loads; sm_90 where the Gluon
-    kernels refuse the inputs), ``"wg"`` (wg_decode.py: Gluon, sm_90, two warpgroups split
-    ``Q K^T`` by keys and ``P V`` by columns, the gather copied into shared memory a tile
-    ahead) and ``"ws"`` (ws_decode.py: wg's products fed by a producer warpgroup; the sm_90
-    default from 8 programs up on power-of-two pages). Experiments registered with
-    :func:`register_variant` (``kernels/experimental``) are accepted by name too.
+    L2-resident slot and attends over them with pipelined tile loads; sm_120 beyond a handful
+    of programs, and parts of 200 KB or more). Experiments registered with
+    :func:`register_variant` (``kernels/experimental``: ``wg``, ``ws``, ``pg``, ...) are
+    accepted by name too.
 
     ``partials``: how split outputs travel to the combine. ``"fp16"`` (default where the
     variant's epilogue computes a per-head scale: :data:`SCALED_VARIANTS`) stores each head's
@@ -706,10 +704,8 @@ class DecodeConfig:
     Sweep knobs (results do not depend on them beyond rounding): ``prefetch`` (pf),
     ``stage_block`` (keys per staging gather; local: one tile), ``stage_warps`` (experiments),
     ``stage_round`` (local: tiles per stage-then-attend round, default 2), ``l2_hints`` (stream
-    the cache past L2 and keep the scratch in it), ``pipeline`` (wg: dequantize the next tile
-    during this tile's ``P V``; False is the sequential schedule), ``pair`` (ws with two
-    splits: each row's splits as a cluster of two CTAs that merge in the kernel; False for the
-    combine launch).
+    the cache past L2 and keep the scratch in it), ``pipeline`` and ``pair`` (read by the
+    experiments ``wg`` and ``ws``).
     """
 
     block_h: int | None = None
@@ -732,7 +728,7 @@ DEFAULT_CONFIG = DecodeConfig()
 # Default tiles per shipped variant: block_t, num_stages, num_warps (H200 sweeps,
 # notes).
 _VARIANT_TILES = {"full": (64, 1, 8), "dsplit": (32, 2, 8), "pf": (16, 1, 8),
-                  "local": (64, 2, 8), "wg": (64, 2, 8), "ws": (64, 3, 8)}
+                  "local": (64, 2, 8)}
 # "full" at BT 64 needs 128 KB of shared memory on sm_90 and 192 KB on sm_120 (compiled with
 # Triton 3.6 and 3.9); pf at BT 16 needs 82 KB on sm_120 with fp16 or fp32 partials (Triton
 # 3.6; 80 KB on sm_90 with 16-bit partials, 128 KB with fp32 ones) and dsplit at BT 32 ~98 KB
@@ -756,44 +752,36 @@ SMALL_SMEM_LOCAL_BT = 32
 # "local" at BT 64 / 2 stages: 192 KB (Q 64 KB + two 64 KB tiles) + scratch,
 # Triton 3.6, sm_90.
 _STAGED_SMEM = 200 * 1024
-# "wg" (wg_decode.py) at BT 64 / 2 raw stages: 217.6 KB (Q 64 + K 64 + P 8 + two stages of
-# raw bytes 2 x 40.6 KB), Triton 3.6 and 3.9, sm_90.
-_WG_SMEM = 218 * 1024
-# "ws" (ws_decode.py, BT 64 and a ring of 3 quarter-tile stages, its only tiles): 222.0 KB (Q 64
-# + two K tiles 128 + P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
-_WS_SMEM = 227_364 + 1024
-# Programs (rows x head blocks) from which ws leads wg on an H200 (notes v11, side
-# by side: B=8/1024 20.5-20.6 against 20.6-20.7 us, B=64/512 32.3-32.4 against 33.1-33.5,
-# B=128/512 44.3 against 48.8; at B=5 ws loses, 15.8-16.1 against 14.7-14.9). Pages of a
-# power-of-two size only: a runtime division costs ws more than wg (B=64/512 with 61-token
-# pages: 34.0-34.1 against 32.8 us).
-_WS_MIN_PROGRAMS = 8
 # Partial formats, and the variants whose epilogue (_store_full) can scale fp16 partials.
 PARTIALS = ("fp32", "bf16", "fp16")
-SCALED_VARIANTS = frozenset({"full", "pf", "local", "wg", "ws"})
+SCALED_VARIANTS = frozenset({"full", "pf", "local"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
     """An experimental variant (``kernels/experimental``): its default tiles, whether its
     epilogue scales fp16 partials, and ``launch(launch, args)``, called with the
-    :class:`_Launch` and a dict of the prepared launch arguments (see ``_Launch.rows``)."""
+    :class:`_Launch` and a dict of the prepared launch arguments (see ``_Launch.rows``); it
+    returns True when it merged the splits itself (no combine launch). ``block_h``: heads a
+    program when the kernel has a fixed M (the wgmma grid's 64), else None."""
 
     tiles: tuple[int, int, int]
     scaled: bool
-    launch: Callable[[Any, dict[str, Any]], None]
+    launch: Callable[[Any, dict[str, Any]], bool | None]
+    block_h: int | None = None
 
 
 _REGISTERED: dict[str, Registered] = {}
 
 
 def register_variant(name: str, tiles: tuple[int, int, int], scaled: bool,
-                     launch: Callable[[Any, dict[str, Any]], None]) -> None:
+                     launch: Callable[[Any, dict[str, Any]], bool | None],
+                     block_h: int | None = None) -> None:
     """Make ``DecodeConfig(variant=name)`` run an experimental kernel (for benches and tests;
     the dispatcher never picks a registered variant, and the self-test never runs one)."""
     if name in _VARIANT_TILES:
         raise ValueError(f"{name!r} is a shipped variant; pick another name")
-    _REGISTERED[name] = Registered(tiles, scaled, launch)
+    _REGISTERED[name] = Registered(tiles, scaled, launch, block_h)
 
 
 def _tiles(variant: str) -> tuple[int, int, int]:
@@ -809,36 +797,12 @@ def _scaled(variant: str) -> bool:
     return variant in SCALED_VARIANTS or (variant in _REGISTERED and _REGISTERED[variant].scaled)
 
 
-@functools.cache
-def _gluon_ok() -> bool:
-    """Whether this Triton has the Gluon (experimental) API the ``wg`` kernel is written in."""
-    try:
-        from . import wg_decode  # noqa: F401
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
-@functools.cache
-def _gluon_ws_ok() -> bool:
-    """... and the warp specialization the ``ws`` kernel needs on top of it."""
-    try:
-        from triton.experimental.gluon import language as gl
-
-        from . import ws_decode  # noqa: F401
-    except (ImportError, AttributeError):
-        return False
-    return _gluon_ok() and hasattr(gl, "warp_specialize")
-
-
 def available_variants(max_shared: int, arch: int | None = None) -> tuple[str, ...]:
-    """Variants whose default tiles fit a device with ``max_shared`` bytes per block; ``arch``
-    (compute capability as 90, 120, ...) adds ``wg`` and ``ws`` on sm_90, the one part they
-    are built for."""
+    """Variants whose default tiles fit a device with ``max_shared`` bytes per block (``arch``,
+    compute capability as 90, 120, ...: no shipped variant depends on it any more)."""
+    del arch
     if max_shared >= _STAGED_SMEM:
-        wg = ("wg",) if arch == 90 and max_shared >= _WG_SMEM and _gluon_ok() else ()
-        ws = ("ws",) if arch == 90 and max_shared >= _WS_SMEM and _gluon_ws_ok() else ()
-        return ("full", "dsplit", "pf", "local", *wg, *ws)
+        return ("full", "dsplit", "pf", "local")
     if max_shared >= _FULL_SMEM:
         return ("full", "dsplit", "pf")
     return ("dsplit", "pf")
@@ -849,32 +813,27 @@ def choose_variant(rows: int, head_blocks: int, sms: int, max_shared: int,
                    heads: int | None = None) -> tuple[str, int | None]:
     """Variant and block_t (None: the variant's default) from static shapes only (``heads``:
     the query heads, else ``head_blocks`` x 32; heads a program: :func:`pf_block_h`).
+    ``arch`` and ``pow2_pages`` are accepted for the callers' sake; no shipped variant depends
+    on them since the sm_90 Gluon kernels moved to ``kernels/experimental``.
 
     | device (opt-in shared memory per block)     | programs (rows x head blocks) | variant  |
     |---------------------------------------------|-------------------------------|----------|
     | < 160 KB (sm_120 RTX PRO 6000, sm_89)       | <= 4 of 32 heads              | pf, BH 16|
     | < 160 KB                                    | otherwise                     | local 32 |
     | >= 160 KB                                   | <= 4                          | dsplit 64|
-    | sm_90 with Gluon + warp specialization      | >= 8, power-of-two pages      | ws       |
-    | sm_90 with Gluon                            | otherwise                     | wg       |
-    | >= 200 KB without wgmma (sm_100, old Triton)| otherwise                     | local    |
+    | >= 200 KB (sm_90, sm_100)                   | otherwise                     | local    |
     | 160-200 KB                                  | otherwise                     | full     |
 
-    ``wg``/``ws`` fall back to ``local`` when they refuse the inputs (``_wg_refusal``). The
-    H200 measurements behind each row are in docs/kernels-notes.md. ``local``
-    allocates a transient scratch of rows x splits x 2 tiles x 64 KB from the caller's
-    allocator (the graph pool under capture).
+    The H200 measurements behind each row are in docs/kernels-notes.md. ``local`` allocates a
+    transient scratch of rows x splits x 2 tiles x 64 KB from the caller's allocator (the graph
+    pool under capture).
     """
+    del arch, pow2_pages
     if max_shared < _FULL_SMEM:
         few = _few_programs(rows, heads if heads is not None else head_blocks * 32)
         return ("pf", None) if few else ("local", SMALL_SMEM_LOCAL_BT)
     if rows * head_blocks <= 4:
         return "dsplit", 64
-    variants = available_variants(max_shared, arch)
-    if "ws" in variants and pow2_pages and rows * head_blocks >= _WS_MIN_PROGRAMS:
-        return "ws", None
-    if "wg" in variants:
-        return "wg", None
     return ("local" if max_shared >= _STAGED_SMEM else "full"), None
 
 
@@ -895,9 +854,8 @@ def _few_programs(rows: int, h: int) -> bool:
 
 
 def dispatch_configs(max_shared: int, arch: int | None) -> tuple[DecodeConfig, ...]:
-    """The configuration of every pick :func:`choose_variant` (with the ``wg``/``ws`` refusal
-    fallback) can make on a device, tiles as the launcher then sets them: what the self-test
-    checks (with its own split counts)."""
+    """The configuration of every pick :func:`choose_variant` can make on a device, tiles as
+    the launcher then sets them: what the self-test checks (with its own split counts)."""
     if max_shared < _FULL_SMEM:
         return (DecodeConfig(variant="pf", block_h=16),
                 DecodeConfig(variant="local", block_h=SMALL_SMEM_BLOCK_H,
@@ -907,15 +865,12 @@ def dispatch_configs(max_shared: int, arch: int | None) -> tuple[DecodeConfig, .
 
 
 def dispatch_variants(max_shared: int, arch: int | None) -> tuple[str, ...]:
-    """Every variant :func:`choose_variant` (with the ``wg``/``ws`` refusal fallback) can pick
-    on a device: what the self-test checks and the compile gate compiles."""
+    """Every variant :func:`choose_variant` can pick on a device: what the self-test checks and
+    the compile gate compiles (``arch``: accepted for the callers' sake)."""
+    del arch
     if max_shared < _FULL_SMEM:
         return ("pf", "local")
-    picks = ["dsplit"]
-    variants = available_variants(max_shared, arch)
-    picks += [v for v in ("ws", "wg") if v in variants]
-    picks.append("local" if max_shared >= _STAGED_SMEM else "full")
-    return tuple(picks)
+    return ("dsplit", "local" if max_shared >= _STAGED_SMEM else "full")
 
 
 def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int,
@@ -940,45 +895,6 @@ def choose_nsplit(rows: int, head_blocks: int, max_tiles: int, sms: int,
 
 
 SMALL_SMEM_MIN_TILES = 4
-
-
-# Raw-byte stages of wg that fit 227 KB next to Q, the K tile and P (Triton 3.6, sm_90:
-# 217.6 KB at BT 64 / 2 stages, 177.8 KB at BT 32 / 4 stages).
-_WG_MAX_STAGES = {64: 2, 32: 4}
-
-
-def _wg_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: tuple[int, ...],
-                block_t: int, stages: int, warps: int, variant: str = "wg") -> str | None:
-    """Why the Gluon ``wg`` (or ``ws``) kernel cannot run these inputs, or None when it can.
-    The checks on the inputs come first, so that they give their own reason on any device."""
-    if variant == "ws":
-        if (block_t, stages, warps) != _VARIANT_TILES["ws"]:
-            return ("variant 'ws' takes only block_t 64, num_stages 3 (its ring of quarter "
-                    "tiles) and 8 consumer warps (what fits 227 KB of shared memory); got "
-                    f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
-    elif block_t not in _WG_MAX_STAGES or not 2 <= stages <= _WG_MAX_STAGES[block_t] \
-            or warps != 8:
-        return (f"variant 'wg' takes block_t 64 with num_stages 2, or block_t 32 with "
-                f"num_stages 2-4, and 8 warps (what fits 227 KB of shared memory); got "
-                f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
-    if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
-        return (f"variant '{variant}' copies keys in 16-byte pieces, so page bytes "
-                f"({list(page_bytes)}) "
-                "must be multiples of 16 (SGLang's padding of pages to 576 bytes gives that) "
-                "and the cache and query tensors 16-byte aligned")
-    if interpreting() or q.device.type != "cuda":
-        return (f"variant '{variant}' is a Gluon kernel for sm_90 GPUs; the Triton interpreter "
-                "cannot run it (use local, pf, full or dsplit)")
-    arch = device_arch(q)
-    ok = _gluon_ws_ok() if variant == "ws" else _gluon_ok()
-    if arch != 90 or not ok:
-        return (f"variant '{variant}' needs wgmma (sm_90) and Triton's Gluon"
-                f"{' with warp specialization' if variant == 'ws' else ''}; this device is "
-                f"sm_{arch}")
-    if variant == "ws" and device_max_shared(q) < _WS_SMEM:
-        return (f"variant 'ws' needs {_WS_SMEM} bytes of shared memory per block; this device "
-                f"offers {device_max_shared(q)}")
-    return None
 
 
 def _as_cache_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -1055,8 +971,8 @@ def sparse_mla_decode(
     block_h = pf_block_h(hc, max_shared, cfg.block_h, rows)
     head_blocks = triton.cdiv(hc, block_h)
     sms = device_sms(q)
-    # Static choice from shapes, shared memory and architecture (choose_variant: 99 KB parts
-    # take pf; the H200 dsplit for a handful of rows and wg otherwise; local where wg cannot).
+    # Static choice from shapes and shared memory (choose_variant: 99 KB parts take pf or
+    # local; larger ones dsplit for a handful of rows and local or full otherwise).
     pow2_pages = all(page_log2(ps) >= 0 for ps in (a_ps, b_ps))
     auto_variant, auto_bt = choose_variant(rows, head_blocks, sms, max_shared,
                                            device_arch(q), pow2_pages, heads=hc)
@@ -1067,18 +983,9 @@ def sparse_mla_decode(
     num_stages = cfg.num_stages or tiles[1]
     num_warps = cfg.num_warps or tiles[2]
     col_blocks = 2 if variant == "dsplit" else 1
-    if variant in ("wg", "ws"):
-        refusal = _wg_refusal(q, (a_u8, b_u8), (a_pb, b_pb), block_t, num_stages, num_warps,
-                              variant)
-        if refusal and cfg.variant == variant:
-            raise ValueError(refusal)
-        if refusal:  # the automatic choice falls back to the Triton variant of this class
-            variant = "local"
-            bt, ns, nw = _VARIANT_TILES["local"]
-            block_t, num_stages, num_warps = (cfg.block_t or bt, cfg.num_stages or ns,
-                                              cfg.num_warps or nw)
-    if variant in ("wg", "ws"):
-        block_h = 64  # the wgmma grid's M; heads beyond h are masked
+    fixed_bh = _REGISTERED[variant].block_h if variant in _REGISTERED else None
+    if fixed_bh:  # an experiment with a fixed M (wgmma's 64); heads beyond h are masked
+        block_h = fixed_bh
         head_blocks = triton.cdiv(hc, block_h)
     max_tiles = triton.cdiv(indices.shape[-1], block_t) + triton.cdiv(b_topk, block_t)
 
@@ -1176,20 +1083,8 @@ class _Launch:
         head_blocks = triton.cdiv(h, self.block_h)
         bt = self.block_t
         ev = self.cfg.l2_hints and not interpreting()
-        merged = False  # ws merges a pair of splits itself
-        if self.variant == "wg":
-            from .wg_decode import launch_wg  # Gluon: imported only where it can run
-
-            launch_wg(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
-                      h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit, scaled,
-                      self.block_t, self.num_stages, self.cfg.pipeline)
-        elif self.variant == "ws":
-            from .ws_decode import launch_ws  # Gluon: imported only where it can run
-
-            merged = launch_ws(q2, a, bk, a_len, b_len, sink, o2, lse, o_part, l_part, k_part,
-                               h, self.s_q, self.qk_scale, flags, self.sink is not None, nsplit,
-                               scaled, pair=self.cfg.pair is not False)
-        elif self.variant == "local":
+        merged = False  # an experiment (ws) may merge a pair of splits itself
+        if self.variant == "local":
             bg = self._stage_block(bt)
             max_tiles = triton.cdiv(a.topk, bt) + triton.cdiv(bk.topk, bt)
             want = 2 if self.cfg.stage_round is None else self.cfg.stage_round
@@ -1208,10 +1103,10 @@ class _Launch:
                 num_warps=self.num_warps,
             )
         elif self.variant in _REGISTERED:
-            _REGISTERED[self.variant].launch(self, dict(
+            merged = bool(_REGISTERED[self.variant].launch(self, dict(
                 q2=q2, a=a, bk=bk, o2=o2, lse=lse, o_part=o_part, l_part=l_part, k_part=k_part,
                 scale=scale, sink=sink, a_len=a_len, b_len=b_len, flags=flags, heads=heads,
-                head_blocks=head_blocks, nsplit=nsplit, ev=ev))
+                head_blocks=head_blocks, nsplit=nsplit, ev=ev)))
         else:
             kernel = {"dsplit": _sparse_decode_dsplit_kernel, "full": _sparse_decode_full_kernel,
                       "pf": _sparse_decode_pf_kernel}[self.variant]

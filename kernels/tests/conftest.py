@@ -23,20 +23,3 @@ def gen(request: pytest.FixtureRequest) -> torch.Generator:
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture
-def refusals(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
-    """Every answer of the dispatcher's Gluon refusal check (``_wg_refusal``) during the test,
-    in order, the check itself left working."""
-    from dsv4_kernels import sparse_decode as sd
-
-    seen: list[str | None] = []
-    real = sd._wg_refusal
-
-    def spy(*args: object) -> str | None:
-        seen.append(real(*args))  # type: ignore[arg-type]
-        return seen[-1]
-
-    monkeypatch.setattr(sd, "_wg_refusal", spy)
-    return seen

@@ -63,7 +63,8 @@ print(json.dumps({"shared": k.metadata.shared, "wgmma": shapes, "setmaxnreg": re
 def compile_sm90(module: str, kernel: str, consts: dict[str, Any]) -> dict[str, Any]:
     """Compile ``module.kernel`` with the constexprs ``consts``; see the module docstring."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "experimental")])
     res = subprocess.run([sys.executable, "-c", _COMPILE, module, kernel, json.dumps(consts)],
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

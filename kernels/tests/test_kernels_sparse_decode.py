@@ -150,26 +150,15 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     from dsv4_kernels.sparse_decode import available_variants, choose_variant, dispatch_variants
 
     h200, sm120 = 232448, 101376
-    # sm_90 with the Gluon wgmma kernels: ws from 8 programs up on power-of-two pages, wg from
-    # 5 programs up otherwise, dsplit below
-    assert "ws" in available_variants(h200, 90)
-    assert choose_variant(64, 1, 132, h200, 90) == ("ws", None)
-    assert choose_variant(8, 1, 132, h200, 90) == ("ws", None)
-    assert choose_variant(4, 2, 132, h200, 90) == ("ws", None)
-    assert choose_variant(64, 1, 132, h200, 90, pow2_pages=False) == ("wg", None)
-    assert choose_variant(7, 1, 132, h200, 90) == ("wg", None)
-    assert choose_variant(5, 1, 132, h200, 90) == ("wg", None)
-    assert choose_variant(1, 1, 132, h200, 90) == ("dsplit", 64)
-    assert "ws" not in available_variants(228_000, 90)  # room for wg, not for ws's ring
-    assert choose_variant(64, 1, 132, 228_000, 90) == ("wg", None)
-    # the same shared memory without wgmma (sm_100, or arch unknown): the Triton variants
-    for arch in (None, 100):
-        assert "wg" not in available_variants(h200, arch)
-        assert "ws" not in available_variants(h200, arch)
+    # 200 KB and more (sm_90, sm_100, any arch): dsplit for a handful of programs, local beyond;
+    # the sm_90 Gluon kernels are experiments (kernels/experimental) the dispatch never picks
+    for arch in (None, 90, 100):
+        assert not {"wg", "ws"} & set(available_variants(h200, arch))
         assert choose_variant(64, 1, 132, h200, arch) == ("local", None)
         assert choose_variant(8, 1, 132, h200, arch) == ("local", None)
-    assert choose_variant(1, 1, 132, h200) == ("dsplit", 64)
-    assert "wg" not in available_variants(167936, 90)  # an sm_90 part with too little memory
+        assert choose_variant(64, 1, 132, h200, arch, pow2_pages=False) == ("local", None)
+        assert choose_variant(1, 1, 132, h200, arch) == ("dsplit", 64)
+        assert choose_variant(4, 1, 132, h200, arch) == ("dsplit", 64)
     # 99 KB parts never get the 128-192 KB "full" tiles, whatever the batch
     for rows in (1, 8, 64, 128):
         assert choose_variant(rows, 1, 188, sm120, 120)[0] in dispatch_variants(sm120, 120)
@@ -186,7 +175,7 @@ def test_variant_choice_follows_grid_and_shared_memory() -> None:
     # what the self-test runs and the compile gate compiles: every pick, nothing else
     assert dispatch_variants(sm120, 120) == ("pf", "local")
     assert dispatch_variants(a100, 80) == ("dsplit", "full")
-    assert set(dispatch_variants(h200, None)) == {"dsplit", "local"}
+    assert dispatch_variants(h200, None) == dispatch_variants(h200, 90) == ("dsplit", "local")
 
 
 @pytest.mark.parametrize("variant", ["full", "dsplit", "pf", "local"])

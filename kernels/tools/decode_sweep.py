@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+import experiments  # noqa: F401  (registers the experiments: wg, ws, ...)
 import torch
 from bench import SWA, Timer, ceilings, load_baselines
 

@@ -1,5 +1,6 @@
 """The benches' door to ``kernels/experimental``: puts it on the import path, registers the
-decode experiments (``staged``, ``gp``) with the shipped launcher, and gives one top-k entry
+decode experiments (``staged``, ``gp``, ``pg``, and on a Triton with Gluon the sm_90 ``wg`` and
+``ws``) with the shipped launcher, and gives one top-k entry
 point for the shipped method (``radix3``) and the experiments (``radix1``, ``radix6``,
 ``fuse=True``), so sweeps can time them side by side."""
 
@@ -11,8 +12,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experimental"))
 
-import dsv4_experimental.decode  # noqa: F401  (registers staged and gp)
+import dsv4_experimental.decode
+import dsv4_experimental.pg
 from dsv4_experimental.topk import topk_variant
+
+try:  # Gluon is experimental in Triton: an older or newer API leaves wg and ws unregistered
+    import dsv4_experimental.wg_decode
+    import dsv4_experimental.ws_decode  # noqa: F401
+except (ImportError, AttributeError):
+    pass
 
 from dsv4_kernels.indexer import indexer_topk
 

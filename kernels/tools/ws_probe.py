@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import experiments  # noqa: F401  (registers the experiments: wg, ws, ...)
 import torch
 from bench import SWA, Timer
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import dsv4_experimental.ws_decode  # noqa: F401  (registers ws)
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ import torch
 def _compile(nsplit: int, scaled: bool, log2: int, pair: bool = False) -> dict:
     from gluon_compile import compile_sm90
 
-    return compile_sm90("dsv4_kernels.ws_decode", "_sparse_decode_ws_kernel", dict(
+    return compile_sm90("dsv4_experimental.ws_decode", "_sparse_decode_ws_kernel", dict(
         A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
         SCALED=scaled, BT=64, A_LOG2=log2, B_LOG2=log2 - 2 if log2 > 2 else log2, PAIR=pair))
 
@@ -30,10 +31,10 @@ def test_ws_compiles_for_sm90_with_a_producer_warpgroup(nsplit: int, scaled: boo
                                                         log2: int) -> None:
     """(2, True, 8): the B=64 launch (fp16 partials, 256- and 64-token pages); (1, False, -1):
     one split, fp32 partials, page sizes that are not powers of two (the division path)."""
-    from dsv4_kernels.sparse_decode import _WS_SMEM
+    from dsv4_experimental.ws_decode import WS_SMEM
 
     out = _compile(nsplit, scaled, log2)
-    assert out["shared"] + 1024 <= _WS_SMEM, out
+    assert out["shared"] + 1024 <= WS_SMEM, out
     assert out["wgmma"] == {"m64n32k16": 32, "m64n256k16": 4}, out
     assert 128 in out["setmaxnreg"], out  # the producer warpgroup's register cut
     assert out["cp_async"] > 0, out
@@ -54,11 +55,11 @@ def test_ws_pair_merges_through_one_cluster_barrier_per_thread() -> None:
     comes. Its epilogue holds half the columns at a time: the whole tile at once spilled (a
     320-byte stack against the plain build's 8, Triton 3.6); by halves it is 8 against 8 with
     Triton 3.6 and 112 against 64 with 3.9."""
-    from dsv4_kernels.sparse_decode import _WS_SMEM
+    from dsv4_experimental.ws_decode import WS_SMEM
 
     plain = _compile(2, True, 8)
     out = _compile(2, True, 8, pair=True)
-    assert out["shared"] == plain["shared"] and out["shared"] + 1024 <= _WS_SMEM, out
+    assert out["shared"] == plain["shared"] and out["shared"] + 1024 <= WS_SMEM, out
     assert out["wgmma"] == plain["wgmma"], out
     assert out["cluster_arrive"] == out["cluster_wait"] == 3, out
     assert out["stack"] <= plain["stack"] + 64, (out, plain)
@@ -88,30 +89,6 @@ def test_ws_page_log2() -> None:
     from dsv4_kernels.sparse_decode import page_log2
 
     assert [page_log2(p) for p in (1, 2, 64, 256, 61, 3, 96, 0)] == [0, 1, 6, 8, -1, -1, -1, -1]
-
-
-@pytest.mark.parametrize(("page_size", "extra_page_size", "chosen"),
-                         [(64, 16, "ws"), (64, 48, "wg"), (61, 64, "wg")])
-def test_automatic_choice_takes_ws_on_power_of_two_pages(
-        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, refusals: list[str | None],
-        page_size: int, extra_page_size: int, chosen: str) -> None:
-    """On an sm_90 device the automatic choice at 8 programs is ws when both caches have pages
-    of 2^k tokens and wg when either has not (the page sizes travel from the caches to the
-    choice); under the interpreter the chosen kernel refuses with its own name and the call
-    runs ``local``, matching the reference."""
-    from dsv4_kernels import sparse_decode as sd
-    from dsv4_kernels.cases import compare_decode, make_decode_case
-    from dsv4_kernels.reference import ref_sparse_decode
-
-    monkeypatch.setattr(sd, "device_arch", lambda t: 90)
-    monkeypatch.setattr(sd, "_gluon_ok", lambda: True)
-    monkeypatch.setattr(sd, "_gluon_ws_ok", lambda: True)
-    case = make_decode_case(gen, batch=8, heads=16, topk=32, extra_topk=48,
-                            page_size=page_size, extra_page_size=extra_page_size)
-    o, lse = sd.sparse_mla_decode(**case.kwargs())
-    assert compare_decode(o, lse, *ref_sparse_decode(**case.kwargs()))["ok"]
-    assert len(refusals) == 1
-    assert f"variant '{chosen}' is a Gluon kernel" in str(refusals[0])
 
 
 class _FakeCompiled:
@@ -151,7 +128,8 @@ def _launch(monkeypatch: pytest.MonkeyPatch, *, rows: int, nsplit: int, scaled: 
             pair: bool, meta: object = (8, 1, 227364)) -> tuple[_FakeKernel, bool]:
     from types import SimpleNamespace
 
-    from dsv4_kernels import ws_decode as w
+    import dsv4_experimental.ws_decode as w
+
     from dsv4_kernels.sparse_decode import _Keys
 
     fake = _FakeKernel(list(w._sparse_decode_ws_kernel.arg_names), meta)

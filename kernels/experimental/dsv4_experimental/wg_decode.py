@@ -32,6 +32,8 @@ so this variant needs an H100/H200-class part (227 KB per block) and wgmma; sm_1
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -42,10 +44,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .decode_common import _Keys
-from .decode_common import _keys_of as _tl_keys_of
-from .decode_common import _model1_slots as _tl_model1_slots
-from .decode_common import _split_range as _tl_split_range
+from dsv4_kernels.decode_common import _Keys
+from dsv4_kernels.decode_common import _keys_of as _tl_keys_of
+from dsv4_kernels.decode_common import _model1_slots as _tl_model1_slots
+from dsv4_kernels.decode_common import _split_range as _tl_split_range
+from dsv4_kernels.sparse_decode import register_variant
 
 # The Triton variants' split-K cut, cache choice and MODEL1 slot offsets, compiled as Gluon
 # (code without layouts, so the same body serves both languages).
@@ -408,3 +411,73 @@ def launch_wg(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len:
         h, s_q, qk_scale, **flags, HAS_SINK=has_sink, NSPLIT=nsplit, SCALED=scaled,
         BT=block_t, STAGES=stages, PIPE=pipeline, num_warps=8,
     )
+
+
+# --- registration as an experiment (``DecodeConfig(variant="wg")``) -----------------------------
+# Moved out of the shipped package: SGLang 0.5.23's hook points that reach dsv4_kernels are its
+# sm_120 fallbacks only, so on sm_90 this kernel serves no request (FlashMLA does). Side by side
+# on an H200 with FlashMLA see docs/kernels-notes.md ("issue 29").
+
+# "wg" at BT 64 / 2 raw stages: 217.6 KB (Q 64 + K 64 + P 8 + two stages of raw bytes 2 x
+# 40.6 KB), Triton 3.6 and 3.9, sm_90.
+WG_SMEM = 218 * 1024
+# Raw-byte stages of wg that fit 227 KB next to Q, the K tile and P (Triton 3.6, sm_90:
+# 217.6 KB at BT 64 / 2 stages, 177.8 KB at BT 32 / 4 stages).
+WG_MAX_STAGES = {64: 2, 32: 4}
+WG_TILES = (64, 2, 8)
+
+
+def gluon_refusal(q: torch.Tensor, caches: tuple[torch.Tensor, ...], page_bytes: tuple[int, ...],
+                  block_t: int, stages: int, warps: int, variant: str = "wg") -> str | None:
+    """Why the Gluon ``wg`` (or ``ws``) kernel cannot run these inputs, or None when it can.
+    The checks on the inputs come first, so that they give their own reason on any device."""
+    from dsv4_kernels._runtime import device_arch, device_max_shared, interpreting
+
+    if variant == "ws":
+        from .ws_decode import WS_SMEM, WS_TILES
+
+        if (block_t, stages, warps) != WS_TILES:
+            return ("variant 'ws' takes only block_t 64, num_stages 3 (its ring of quarter "
+                    "tiles) and 8 consumer warps (what fits 227 KB of shared memory); got "
+                    f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
+    elif block_t not in WG_MAX_STAGES or not 2 <= stages <= WG_MAX_STAGES[block_t] \
+            or warps != 8:
+        return (f"variant 'wg' takes block_t 64 with num_stages 2, or block_t 32 with "
+                f"num_stages 2-4, and 8 warps (what fits 227 KB of shared memory); got "
+                f"block_t {block_t}, num_stages {stages}, num_warps {warps}")
+    if any(pb % 16 for pb in page_bytes) or any(t.data_ptr() % 16 for t in (q, *caches)):
+        return (f"variant '{variant}' copies keys in 16-byte pieces, so page bytes "
+                f"({list(page_bytes)}) "
+                "must be multiples of 16 (SGLang's padding of pages to 576 bytes gives that) "
+                "and the cache and query tensors 16-byte aligned")
+    if interpreting() or q.device.type != "cuda":
+        return (f"variant '{variant}' is a Gluon kernel for sm_90 GPUs; the Triton interpreter "
+                "cannot run it (use local, pf, full or dsplit)")
+    arch = device_arch(q)
+    ws_ok = hasattr(gl, "warp_specialize")
+    if arch != 90 or (variant == "ws" and not ws_ok):
+        return (f"variant '{variant}' needs wgmma (sm_90) and Triton's Gluon"
+                f"{' with warp specialization' if variant == 'ws' else ''}; this device is "
+                f"sm_{arch}")
+    if variant == "ws":
+        from .ws_decode import WS_SMEM
+
+        if device_max_shared(q) < WS_SMEM:
+            return (f"variant 'ws' needs {WS_SMEM} bytes of shared memory per block; this "
+                    f"device offers {device_max_shared(q)}")
+    return None
+
+
+def _launch_registered(launch: Any, x: dict[str, Any]) -> None:
+    a, bk = x["a"], x["bk"]
+    refusal = gluon_refusal(x["q2"], (a.u8, bk.u8), (a.pb, bk.pb), launch.block_t,
+                            launch.num_stages, launch.num_warps, "wg")
+    if refusal:
+        raise ValueError(refusal)
+    launch_wg(x["q2"], a, bk, x["a_len"], x["b_len"], x["sink"], x["o2"], x["lse"],
+              x["o_part"], x["l_part"], x["k_part"], launch.h, launch.s_q, launch.qk_scale,
+              x["flags"], launch.sink is not None, x["nsplit"], x["scale"]["SCALED"],
+              launch.block_t, launch.num_stages, launch.cfg.pipeline)
+
+
+register_variant("wg", WG_TILES, True, _launch_registered, block_h=64)

@@ -13,6 +13,7 @@ Gluon code cannot be compiled.
 
 from __future__ import annotations
 
+import dsv4_experimental.wg_decode  # noqa: F401  (registers wg)
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ import torch
 def _compile(nsplit: int, scaled: bool, pipe: bool) -> dict:
     from gluon_compile import compile_sm90
 
-    return compile_sm90("dsv4_kernels.wg_decode", "_sparse_decode_wg_kernel", dict(
+    return compile_sm90("dsv4_experimental.wg_decode", "_sparse_decode_wg_kernel", dict(
         A_HAS_LEN=True, HAS_B=True, B_HAS_LEN=True, HAS_SINK=True, NSPLIT=nsplit,
         SCALED=scaled, BT=64, STAGES=2, PIPE=pipe))
 
@@ -29,10 +30,10 @@ def _compile(nsplit: int, scaled: bool, pipe: bool) -> dict:
                          [(2, True, True), (1, False, True), (2, True, False)])
 def test_wg_compiles_for_sm90_with_split_products(nsplit: int, scaled: bool, pipe: bool,
                                                   ) -> None:
-    from dsv4_kernels.sparse_decode import _WG_SMEM
+    from dsv4_experimental.wg_decode import WG_SMEM
 
     out = _compile(nsplit, scaled, pipe)
-    assert out["shared"] <= _WG_SMEM, out
+    assert out["shared"] <= WG_SMEM, out
     # Q K^T: 512 / 16 = 32 k-steps of m64n32 per warpgroup (half of the 64 keys each);
     # P V: 64 / 16 = 4 k-steps of m64n256 (half of the 512 columns each); nothing else, with
     # the sequential schedule or the pipelined one.
@@ -79,25 +80,3 @@ def test_wg_refuses_page_bytes_it_cannot_copy(gen: torch.Generator) -> None:
     kw = {**case.kwargs(), "k_cache": _odd_stride(case.k_cache)}
     with pytest.raises(ValueError, match="16-byte pieces, so page bytes"):
         sparse_mla_decode(**kw, config=DecodeConfig(variant="wg"))
-
-
-def test_automatic_choice_falls_back_to_local_when_wg_is_refused(
-        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch,
-        refusals: list[str | None]) -> None:
-    """On an sm_90 device the automatic choice is wg; where wg refuses the inputs (here: the
-    interpreter, and a page stride it cannot copy) the call runs ``local`` instead of failing,
-    and the result matches the reference."""
-    from dsv4_kernels import sparse_decode as sd
-    from dsv4_kernels.cases import compare_decode, make_decode_case
-    from dsv4_kernels.reference import ref_sparse_decode
-
-    monkeypatch.setattr(sd, "device_arch", lambda t: 90)
-    monkeypatch.setattr(sd, "_gluon_ok", lambda: True)
-    case = make_decode_case(gen, batch=8, heads=16, topk=32, extra_topk=48, page_size=61)
-    ro, rl = ref_sparse_decode(**case.kwargs())
-    for cache in (case.k_cache, _odd_stride(case.k_cache)):
-        o, lse = sd.sparse_mla_decode(**{**case.kwargs(), "k_cache": cache})
-        assert compare_decode(o, lse, ro, rl)["ok"]
-    assert len(refusals) == 2
-    assert "interpreter" in str(refusals[0])
-    assert "16-byte pieces" in str(refusals[1])

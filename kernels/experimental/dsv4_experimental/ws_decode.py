@@ -30,6 +30,8 @@ Key ranges, split-K, partials, combine and outputs are ``wg``'s (``sparse_decode
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -42,7 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.runtime import driver
 
-from .decode_common import _Keys, page_log2
+from dsv4_kernels.decode_common import _Keys, page_log2
+from dsv4_kernels.sparse_decode import register_variant
+
 from .wg_decode import (
     _NEW_REINTERPRET,
     _async_load,
@@ -615,3 +619,27 @@ def launch_ws(q2: torch.Tensor, a: _Keys, bk: _Keys, a_len: torch.Tensor, b_len:
         return True
     _sparse_decode_ws_kernel[(rows, (h + 63) // 64, nsplit)](**args, PAIR=False)
     return nsplit == 1
+
+
+# --- registration as an experiment (``DecodeConfig(variant="ws")``; see wg_decode's note) -------
+# BT 64 and a ring of 3 quarter-tile stages, its only tiles: 222.0 KB (Q 64 + two K tiles 128 +
+# P 8 + ring 21.4 KB) plus the 1 KB Triton reserves, Triton 3.6 and 3.9.
+WS_SMEM = 227_364 + 1024
+WS_TILES = (64, 3, 8)
+
+
+def _launch_registered(launch: Any, x: dict[str, Any]) -> bool:
+    from .wg_decode import gluon_refusal
+
+    a, bk = x["a"], x["bk"]
+    refusal = gluon_refusal(x["q2"], (a.u8, bk.u8), (a.pb, bk.pb), launch.block_t,
+                            launch.num_stages, launch.num_warps, "ws")
+    if refusal:
+        raise ValueError(refusal)
+    return launch_ws(x["q2"], a, bk, x["a_len"], x["b_len"], x["sink"], x["o2"], x["lse"],
+                     x["o_part"], x["l_part"], x["k_part"], launch.h, launch.s_q,
+                     launch.qk_scale, x["flags"], launch.sink is not None, x["nsplit"],
+                     x["scale"]["SCALED"], pair=launch.cfg.pair is not False)
+
+
+register_variant("ws", WS_TILES, True, _launch_registered, block_h=64)
