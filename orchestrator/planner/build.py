@@ -28,6 +28,7 @@ from orchestrator.planner.checks import (
     engine_env_checks,
     host_key_checks,
     host_topology_checks,
+    inline_host_checks,
     secrets_checks,
     ssh_user_checks,
 )
@@ -230,6 +231,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         checks += disk_checks
     checks += host_key_checks(ctx.host_name, ctx.host)
     checks += ssh_user_checks(ctx.host_name, ctx.host)
+    checks += inline_host_checks(ctx.host_name, ctx.host, isinstance(ctx.profile.host, Host))
     checks += secrets_checks(dep)
     checks += exposure_checks(dep)
     checks += engine_env_checks(dep, facts)

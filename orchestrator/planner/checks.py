@@ -264,6 +264,23 @@ def host_key_checks(host_name: str, host: Host) -> list[Check]:
         subject=host_name)]
 
 
+def inline_host_checks(host_name: str, host: Host, inline: bool) -> list[Check]:
+    """A profile that carries its own host (address, key, known_hosts) decides where apply
+    connects and where the controller's secrets go, whatever inventory ``-i`` names (issue 31:
+    it overrode -i silently): say so where the review happens (plan's target line names it too)."""
+    if not inline:
+        return []
+    return [check(
+        "host.inline", "warning", "the profile carries its own host",
+        f"this profile defines its host inline ({host.user}@{host.address}:{host.port}"
+        + (f", key {host.key}" if host.key else "")
+        + (f", known_hosts {host.known_hosts}" if host.known_hosts else "")
+        + "): apply connects there and sends the controller's secrets there; no inventory "
+        "is used for it, -i included", "name an inventory host instead (host: NAME) so the "
+        "target is reviewed where hosts are, or acknowledge host.inline", subject=host_name,
+        field="host")]
+
+
 def ssh_user_checks(host_name: str, host: Host) -> list[Check]:
     """A root SSH user runs every command of apply with every privilege: a warning naming the
     alternative (issue 31; the schema's default is not root)."""

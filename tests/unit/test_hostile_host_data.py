@@ -357,6 +357,9 @@ def test_plan_shows_its_target_and_where_each_secret_comes_from(tmp_path: Path) 
     assert "target: dsv4@gpu-host.internal:22 (an inline host in the profile; the inventory " \
            "is not used" in " ".join(text.split())
     assert "secret DSV4_SECRET_API_KEY: from file /etc/dsv4/key on the controller" in text
+    plan = plan_from_paths(tmp_path / "p.yaml")
+    (c,) = [c for c in plan.checks if c.id == "host.inline"]
+    assert c.severity == "warning" and "-i included" in c.message
 
 
 @pytest.mark.parametrize("tokens", ["1" + "0" * 5000, "9" * 40])
