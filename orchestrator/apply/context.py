@@ -133,6 +133,13 @@ class Context:
     def save_record(self) -> None:
         if not self.persist or self.record is None:
             return
+        if self.started and self.deployment is not None and not self.journal_prefix:
+            # the roles whose units this release really (re)started, as they happen
+            by_unit = {u: r for r, u in role_units(self.deployment).items()}
+            done = sorted({by_unit[u] for u in self.started if u in by_unit},
+                          key=lambda r: (r == "router", r))
+            if done != self.record.restarted_roles:
+                self.record = self.record.model_copy(update={"restarted_roles": done})
         try:
             self.store.write_record(self.record)
             self.journal_error = None

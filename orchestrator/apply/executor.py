@@ -306,7 +306,9 @@ class Runner:
             ctx.record = ctx.record.model_copy(update={
                 "id": ctx.target, "created": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "base_release": ctx.from_release,
-                "restarted_roles": sorted(ctx.roles_to_restart),
+                # what really happened, not the plan: filled in as the start step starts units
+                # (Context.save_record); a release that fails before it restarted nothing
+                "restarted_roles": [],
                 "user": _who()[0],
                 "controller": _who()[1]})
             ctx.persist = True

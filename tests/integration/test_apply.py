@@ -372,6 +372,8 @@ def test_connection_dropped_during_upload(env: Env, monkeypatch: pytest.MonkeyPa
     rec = env.record(r2)
     assert rec["status"] == "failed" and journal(rec)["upload"] == "failed"
     assert journal(rec)["switch"] == "not-run"
+    # the record says what happened: nothing restarted (history listed the planned roles)
+    assert rec["restarted_roles"] == []
     # no half-uploaded tree is left, and the failed release was never made current
     assert env.fake.exec(f"ls -a {ROOT}/releases | grep -c tmp").stdout.strip() == "0"
     assert env.fake.exec(f"test -e {ROOT}/releases/{r2}/units").returncode != 0

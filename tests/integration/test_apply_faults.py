@@ -521,6 +521,7 @@ def test_disk_full_at_upload(env: Env, capsys: pytest.CaptureFixture[str]) -> No
         env.assert_recovered(r1)
         r2 = next(r for r in env.releases() if r != r1)
         assert env.record(r2)["status"] == "failed" and journal(env.record(r2))["upload"] == "failed"
+        assert env.record(r2)["restarted_roles"] == []  # it never started: history says so
         assert env.record(r1)["status"] == "healthy"  # never emptied
         agree(env, capsys)
 
