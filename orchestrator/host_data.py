@@ -179,6 +179,30 @@ class _Outcome(BaseModel):
     seconds: float = Field(default=0.0, ge=0, le=1 << 32, allow_inf_nan=False)
 
 
+class _Comparison(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    metric: Literal["ttft_p95", "itl_p95", "e2e_p95", "abort_ratio"]
+    window_s: int = Field(ge=0, le=1 << 20)
+    wave: float | None = Field(default=None, allow_inf_nan=False)
+    baseline: float | None = Field(default=None, allow_inf_nan=False)
+    limit: float | None = Field(default=None, allow_inf_nan=False)
+    passed: bool
+    reason: _Line = ""
+
+
+class _Analysis(BaseModel):
+    """One wave's canary analysis verdict (orchestrator.monitoring.analysis)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    hosts: list[_Slug] = Field(default_factory=list, max_length=4096)
+    passed: bool
+    reason: _Line = ""
+    requests: float | None = Field(default=None, allow_inf_nan=False)
+    comparisons: list[_Comparison] = Field(default_factory=list, max_length=64)
+
+
 class FleetJournal(BaseModel):
     """One fleet rollout's or rollback's journal (``<install_root>/fleet/*.json`` on the router's
     host), as ``history --profile FLEET`` reads it back."""
@@ -197,6 +221,7 @@ class FleetJournal(BaseModel):
     exit_code: int = Field(ge=0, le=255)
     releases: dict[_Slug, _ReleaseId] = Field(default_factory=dict)
     prepared_not_switched: dict[_Slug, _ReleaseId] = Field(default_factory=dict)
+    analysis: list[_Analysis] = Field(default_factory=list, max_length=4096)
 
 
 def fleet_journal(text: str | bytes, what: str) -> dict[str, Any]:

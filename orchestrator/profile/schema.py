@@ -448,6 +448,40 @@ class RolloutStrategy(_Strict):
         "router; then it is applied anyway."))
 
 
+class AnalysisCheck(_Strict):
+    """One comparison of the wave just moved (the canary first) against the hosts not yet moved
+    (the baseline), from the engines' own metrics in the fleet's Prometheus."""
+
+    metric: Literal["ttft_p95", "itl_p95", "e2e_p95", "abort_ratio"] = Field(description=(
+        "ttft_p95 / itl_p95 / e2e_p95: 95th percentile time to first token, inter-token and "
+        "end-to-end latency (SGLang's histograms); abort_ratio: aborted / all requests."))
+    window_s: int = Field(default=60, ge=10, le=3600, description=(
+        "Range the metric is computed over, ending when the analysis runs."))
+    max_increase: float | None = Field(default=None, ge=0.0, le=100.0, description=(
+        "Fail when the wave's value exceeds the baseline's by more than this share "
+        "(0.5: more than 50% worse)."))
+    max: float | None = Field(default=None, ge=0.0, description=(
+        "Fail when the wave's value exceeds this (seconds, or a share for abort_ratio)."))
+
+    @model_validator(mode="after")
+    def _a_threshold(self) -> AnalysisCheck:
+        if self.max_increase is None and self.max is None:
+            raise ValueError("give max_increase (against the baseline), max (absolute), or both")
+        return self
+
+
+class Analysis(_Strict):
+    """Canary analysis between waves (read from ``monitoring.prometheus_url``)."""
+
+    checks: list[AnalysisCheck] = Field(default_factory=list, max_length=20)
+    wait_s: float | None = Field(default=None, ge=0, le=86400, description=(
+        "Seconds the moved wave serves before the comparison (default: the longest window_s), "
+        "so the window holds the new release's requests only."))
+    min_requests: int = Field(default=10, ge=1, le=1_000_000, description=(
+        "Requests the wave must have served in the window; fewer is a failed analysis (no "
+        "evidence is not a pass)."))
+
+
 class Rollout(_Strict):
     keep_releases: int = Field(default=5, ge=2, le=100,
                                description="Releases kept on the host; older ones are pruned.")

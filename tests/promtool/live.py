@@ -50,14 +50,14 @@ def rewrite_targets(config: dict[str, Any], where: dict[str, str]) -> dict[str, 
 class Prometheus:
     """One Prometheus server on 127.0.0.1 over ``mon`` (prometheus.yml + rule files)."""
 
-    def __init__(self, mon: Path, tmp: Path) -> None:
+    def __init__(self, mon: Path, tmp: Path, port: int | None = None) -> None:
         exe = shutil.which("prometheus")
         if exe is None:
             pytest.fail("prometheus is not installed: apt-get install prometheus "
                         "(requirements/apt-monitoring.txt)")
         from tests.promtool.support import free_port
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "prometheus.log"
         self.proc = subprocess.Popen(
