@@ -222,8 +222,10 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
                   progress=ctx.out, settle_s=max(poll, 2.0))
     ctx.health = report.summary()
     if not report.ok:
-        raise StepFailed(f"not healthy after {report.elapsed_s:.0f}s: {report.summary()}",
-                         fix=f"see the engine logs in {ctx.host.install_root}/logs/ on the host")
+        logs = show_log_tails(ctx, [r.subject for r in report.failing()])
+        raise StepFailed(f"not healthy after {report.elapsed_s:.0f}s: {report.summary()} "
+                         f"(log: {logs})",
+                         fix=f"read {logs} on the host (its last lines are above)")
     healthy_after = report.elapsed_s
     window = stability_window_s(ctx)
     if window > 0:
@@ -232,13 +234,42 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
                               progress=ctx.out)
         if not stable.ok:
             ctx.health = stable.summary()
+            logs = show_log_tails(ctx, [r.subject for r in stable.failing()])
             raise StepFailed(f"healthy after {healthy_after:.0f}s, then failed "
                              f"{stable.elapsed_s:.0f}s into the {window:g}s stability window: "
-                             f"{stable.summary()}",
-                             fix=f"see the engine logs in {ctx.host.install_root}/logs/ on the "
-                                 "host (health.stability_window_s sets the window)")
+                             f"{stable.summary()} (log: {logs})",
+                             fix=f"read {logs} on the host (its last lines are above; "
+                                 "health.stability_window_s sets the window)")
     return Outcome(detail=f"healthy after {healthy_after:.0f}s"
                    + (f", stable for {window:g}s" if window > 0 else ""))
+
+
+LOG_TAIL_LINES = 15
+
+
+def show_log_tails(ctx: Context, roles: list[str]) -> str:
+    """Print the last lines of each failing role's log (``<install_root>/logs/<role>.log``, where
+    its unit appends stdout and stderr), every secret value of this apply redacted and each line
+    bounded; return the log paths, for the error's fix."""
+    known = set(role_units(ctx.deployment))
+    roles = [r for r in dict.fromkeys(roles) if r in known] or sorted(known)
+    paths = []
+    secrets = sorted((v for v in ctx.secrets.values() if len(v) >= 4), key=len, reverse=True)
+    for role in roles:
+        path = f"{ctx.host.install_root.rstrip('/')}/logs/{role}.log"
+        paths.append(path)
+        res = ctx.remote.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(path)} 2>/dev/null",
+                             timeout=30)
+        lines = res.stdout.splitlines() if res.ok else []
+        if not lines:
+            ctx.out(f"  {role}: {path} is empty or unreadable")
+            continue
+        ctx.out(f"  last {len(lines)} lines of {path}:")
+        for line in lines:
+            for s in secrets:
+                line = line.replace(s, "<redacted>")
+            ctx.out(f"    | {line[:300]}")
+    return ", ".join(paths)
 
 
 def stability_window_s(ctx: Context) -> float:

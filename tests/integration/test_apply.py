@@ -271,6 +271,9 @@ def test_never_ready_rolls_back_and_old_release_serves(env: Env,
     assert env.cli("apply", str(plan_path)) == ExitCode.ROLLED_BACK
     out = capsys.readouterr()
     assert "rolled back" in out.out and "To recover:" in out.out
+    # the failure names the unit's log and shows its last lines (not only "HTTP 503")
+    assert "last " in out.out and f"lines of {ROOT}/logs/decode.log:" in out.out
+    assert "    | " in out.out and f"(log: {ROOT}/logs/decode.log)" in out.out + out.err
     env.assert_recovered(r1)
     r2 = next(r for r in env.releases() if r != r1)
     rec = env.record(r2)
