@@ -123,8 +123,10 @@ def agree(env: Env, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
         assert st["healthy"] == (rc == 0 or bool(st["file_drift"] or st["profile_drift"]))
         assert st["healthy"] == env.serves()
         kernels = observed_kernels(env, seen)
-        shipped = json.loads(env.fake.read(f"{ROOT}/releases/{cur}/plan.json")
-                             )["deployment"]["kernels_enabled"]
+        planned = json.loads(env.fake.read(f"{ROOT}/releases/{cur}/plan.json"))["deployment"]
+        # the release ships the kernels where some role runs a bundled op (kernel_paths)
+        shipped = any(p["path"] == "bundled" for r in planned["roles"]
+                      for p in r.get("kernels", []))
         said_now = {u["role"]: u.get("kernels") for u in st["units"] if u["role"] in kernels}
         if shipped:
             assert said_now == {r: k or "none loaded (no activation line from this pid in its "
