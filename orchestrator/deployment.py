@@ -12,9 +12,9 @@ are reached at); the single host is the fleet of one and its Deployment is what 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from orchestrator.kernel_paths import OpPath
 from orchestrator.profile.inventory import Host
@@ -169,6 +169,31 @@ class Deployment(_Frozen):
     def pd(self) -> bool:
         """Prefill/decode disaggregation (on this host a role may be one of the two, or none)."""
         return self.transfer_backend is not None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_switch_release(cls, data: Any) -> Any:
+        """A deployment read back from a release planned before per-op kernel choices (its
+        plan.json has kernels_enabled/kernels_bf16_gemms): what those releases ran, as paths.
+        Their env files are already on the host; nothing renders from these."""
+        if not isinstance(data, dict) or "kernels_enabled" not in data:
+            return data
+        data = dict(data)
+        on = bool(data.pop("kernels_enabled"))
+        bf16 = bool(data.pop("kernels_bf16_gemms", False))
+        ran = {"attention": on, "indexer": on, "mhc_pre": on and bf16}
+        data.setdefault("kernel_choices", [[op, "bundled" if b else "engine"]
+                                           for op, b in ran.items()])
+        why = ("a release planned before per-op kernel choices (kernels.enabled "
+               f"{str(on).lower()}, kernels.bf16_gemms {str(bf16).lower()})")
+        data["roles"] = [
+            {**r, "kernels": r.get("kernels") or [
+                {"op": op, "choice": "bundled" if b else "engine",
+                 "path": "bundled" if b else "engine",
+                 "runs": "dsv4_kernels" if b else "SGLang's own", "why": why,
+                 "source": "the release's plan.json"} for op, b in ran.items()]}
+            if isinstance(r, dict) else r for r in data.get("roles", [])]
+        return data
 
     @property
     def kernels_enabled(self) -> bool:

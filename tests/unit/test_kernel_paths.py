@@ -185,3 +185,28 @@ def test_a_role_env_that_steers_sglang_is_what_the_plan_names(tmp_path: Path) ->
     assert att.path == "engine"
     assert att.runs == "SGLang as the role's env sets it (SGLANG_SM120_FLASHMLA_BACKEND=torch)"
     assert _paths(plan)[("prefill", "attention")].runs == "FlashInfer sparse MLA"
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan" / "default.json"
+
+
+def test_a_release_planned_before_per_op_choices_still_reads_back() -> None:
+    # rollback and status read an older release's plan.json: its deployment had the single
+    # switch; it reads as the paths that release ran (attention and indexer bundled, mhc_pre
+    # with bf16_gemms), so kernels_enabled and history stay true to it
+    from orchestrator.planner_model import Plan
+
+    data = json.loads(GOLDEN.read_text())
+    data.pop("summary")  # render_json's addition, not part of a saved plan
+    dep = data["deployment"]
+    del dep["kernel_choices"]
+    for r in dep["roles"]:
+        del r["kernels"]
+    dep.update(kernels_enabled=True, kernels_bf16_gemms=False)
+    old = Plan.model_validate(data).deployment
+    assert old.kernels_enabled
+    assert {(r.name, p.op): p.path for r in old.roles for p in r.kernels} == {
+        (role, op): "engine" if op == "mhc_pre" else "bundled"
+        for role in ("prefill", "decode") for op in ("attention", "indexer", "mhc_pre")}
+    dep.update(kernels_enabled=False)
+    assert not Plan.model_validate(data).deployment.kernels_enabled
