@@ -214,7 +214,7 @@ def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]
     steps = {e["step"]: e["result"] for e in rec["journal"]}
     assert steps["preflight"] == "ok" and steps["health"] == "ok" and steps["smoke"] == "ok"
     assert steps["kernels"] == "skipped"
-    assert "kernels.enabled is false" in next(e["detail"] for e in rec["journal"]
+    assert "no role runs a bundled kernel (kernels.<op>)" in next(e["detail"] for e in rec["journal"]
                                              if e["step"] == "kernels")
     assert sorted(rec["restarted_roles"]) == ["decode", "prefill", "router"]
     assert env.serves() and env.lock_free()
