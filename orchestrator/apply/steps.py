@@ -229,9 +229,11 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
     healthy_after = report.elapsed_s
     window = stability_window_s(ctx)
     if window > 0:
+        back = ("Ctrl-C now rolls back to the last healthy release" if ctx.from_release else
+                "Ctrl-C now stops the new release's units (no earlier release to restore)")
         stable = watch_stable(engine_http(ctx), ctx.deployment, lambda: ctx.svc.show(units),
                               window_s=window, poll_s=poll, baseline_restarts=baseline,
-                              progress=ctx.out)
+                              progress=ctx.out, interrupt_note=back)
         if not stable.ok:
             ctx.health = stable.summary()
             logs = show_log_tails(ctx, [r.subject for r in stable.failing()])

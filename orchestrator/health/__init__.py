@@ -224,18 +224,26 @@ def watch_stable(http: Http, dep: Deployment, unit_states: Callable[[], dict[str
                  window_s: float, poll_s: float, baseline_restarts: dict[str, int],
                  progress: Callable[[str], None] = lambda s: None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> HealthReport:
-    """The stability window after the checks first pass (issue 20 #2): keep evaluating every
-    ``poll_s`` for ``window_s``; the first round with a crashed or restarted unit or a failing
-    check ends it (``report.ok`` false). A crash seconds after "healthy" is a failure, not a
-    healthy release with a dead engine."""
+                 sleep: Callable[[float], None] = time.sleep,
+                 interrupt_note: str = "", heartbeat_s: float = 30.0) -> HealthReport:
+    """The stability window after the checks first pass: keep evaluating every ``poll_s`` for
+    ``window_s``; the first round with a crashed or restarted unit or a failing check ends it
+    (``report.ok`` false). A crash seconds after "healthy" is a failure, not a healthy release
+    with a dead engine. It says what Ctrl-C does now (``interrupt_note``) before it starts, and
+    how far it is every ``heartbeat_s``: a 180 s window is not three silent minutes."""
     start = clock()
-    progress(f"  stability window: watching {window_s:g}s for crashes and failing checks")
+    progress(f"  stability window: watching {window_s:g}s for crashes and failing checks"
+             + (f"; {interrupt_note}" if interrupt_note else ""))
+    shown = 0.0
     while True:
         report = evaluate(http, dep, unit_states(), baseline_restarts)
         report.elapsed_s = clock() - start
         if not report.ok or report.elapsed_s >= window_s:
             return report
+        if report.elapsed_s - shown >= heartbeat_s:
+            shown = report.elapsed_s
+            progress(f"  stability window: {report.elapsed_s:.0f}s of {window_s:g}s, all checks "
+                     "pass")
         sleep(min(poll_s, max(0.0, window_s - report.elapsed_s)))
 
 

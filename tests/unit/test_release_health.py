@@ -273,3 +273,23 @@ def test_server_info_drift() -> None:
     assert out[0] == "decode: tp_size is 8, the profile says 4"
     assert out[1] == ("decode: running command line differs from the release (only running: "
                       "['--disable-radix-cache']; only in release: -)")
+
+
+def test_the_stability_window_says_what_ctrl_c_does_and_how_far_it_is() -> None:
+    """A 180 s window printed nothing for three minutes, and Ctrl-C in it rolled back without
+    saying so first."""
+    d = dep()
+    said: list[str] = []
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    rep = watch_stable(http_from(healthy_table(d)), d, lambda: running(d), window_s=180,
+                       poll_s=5, baseline_restarts={}, progress=said.append,
+                       clock=lambda: now[0], sleep=sleep,
+                       interrupt_note="Ctrl-C now rolls back to the last healthy release")
+    assert rep.ok
+    assert "Ctrl-C now rolls back" in said[0]
+    beats = [s for s in said[1:] if "all checks pass" in s]
+    assert len(beats) == 5 and "30s of 180s" in beats[0]  # 30, 60, ..., 150
