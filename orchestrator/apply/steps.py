@@ -122,15 +122,44 @@ def install_kernels(ctx: Context, step: Any) -> Outcome:
     # keep the full JSON report next to the installed package; summarise it in the journal
     with contextlib.suppress(DsvError):
         ctx.remote.put_bytes(res.stdout.encode(), f"{dest}/selftest.json", mode=0o644)
+    return selftest_outcome(ctx, res, digest, f"{dest}/selftest.json")
+
+
+SELFTEST_TRACEBACK_LINES = 200
+
+
+def selftest_outcome(ctx: Context, res: Any, digest: str, report: str) -> Outcome:
+    """The self-test's verdict. A failure prints the self-test's stderr (a traceback) once,
+    whole, and the error carries one line: the failing checks from the JSON, else the
+    traceback's last line (the exception), never a slice cut mid-word that every later summary
+    repeats."""
     try:
-        summary = json.dumps(json.loads(res.stdout), separators=(",", ":"))[:300]
+        summary = json.dumps(json.loads(res.stdout), separators=(",", ":"))
+        parsed = True
     except ValueError:
-        summary = res.stdout.strip()[-300:]
-    if res.rc != 0:
-        raise StepFailed(f"kernel self-test failed (exit {res.rc}): {summary or res.stderr[-300:]}",
-                         fix="see the self-test JSON; set the failing kernels.<op> to engine to deploy "
-                             "without that bundled kernel")
-    return Outcome(detail=f"installed {digest}; self-test passed: {summary}")
+        summary, parsed = res.stdout.strip(), False
+    if res.rc == 0:
+        return Outcome(detail=f"installed {digest}; self-test passed: {_clip(summary, 300)}")
+    lines = [ln for ln in (res.stderr or "").rstrip().splitlines() if ln.strip()]
+    if lines:
+        shown = lines[-SELFTEST_TRACEBACK_LINES:]
+        ctx.out(f"  kernel self-test stderr ({len(lines)} lines"
+                + (f", the last {len(shown)}" if len(shown) < len(lines) else "") + "):")
+        for line in shown:
+            ctx.out(f"    | {line}")
+    why = (_clip(summary, 300) if parsed and summary else
+           lines[-1].strip() if lines else _clip(summary, 300) or "no output")
+    raise StepFailed(f"kernel self-test failed (exit {res.rc}): {why}",
+                     fix=f"see {report} on the host (and the stderr above); set the failing "
+                         "kernels.<op> to engine to deploy without that bundled kernel")
+
+
+def _clip(text: str, n: int) -> str:
+    """``text`` cut at a word boundary within ``n`` characters, marked when cut."""
+    if len(text) <= n:
+        return text
+    cut = text[:n].rsplit(" ", 1)[0] if " " in text[:n] else text[:n]
+    return cut.rstrip(",:") + " ..."
 
 
 # ------------------------------------------------------------------------- stop/switch/start ---
