@@ -335,8 +335,11 @@ class Runner:
             except _StepError as err:
                 return self._after_failure(ctx, err)
             done, _ = _summary(ctx.record)
-            return Result(ctx.target, "healthy", f"Apply complete: {ctx.target} is healthy.",
-                          done=done)
+            from orchestrator.planner.endpoints import endpoint_lines
+
+            where = endpoint_lines(ctx.deployment, ctx.host.address) if ctx.deployment else []
+            return Result(ctx.target, "healthy", "\n".join(
+                [f"Apply complete: {ctx.target} is healthy.", *where]), done=done)
         finally:
             if ctx.lock is not None:
                 ctx.lock.release()

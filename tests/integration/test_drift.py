@@ -49,11 +49,18 @@ def test_plan_lists_drift_apply_repairs_it_status_agrees(env: Env,  # noqa: F811
     after = {m: env.starts(m) for m in before}
     assert after == {**before, "decode": before["decode"] + 1, "prefill": before["prefill"] + 1}
     # the installed unit is the release's again, and the release's launch script is whole
+    applied = capsys.readouterr().out
+    # apply ends with where clients connect: the router on every interface, no key
+    router_line = f"http://{env.host.address}:8000/v1  (router; every interface; no API key)"
+    tail = applied.split("Apply complete:", 1)[1]
+    assert tail.splitlines()[1] == "Endpoints:" and router_line in tail, applied[-600:]
     assert env.fake.exec(f"cmp -s {ROOT}/releases/{r2}/units/dsv4-itest-prefill.service "
                          f"{UNITS}/dsv4-itest-prefill.service").returncode == 0
     assert "edited by hand" not in env.fake.read(f"{ROOT}/releases/{r2}/bin/launch-decode.sh")
     capsys.readouterr()
-    assert env.cli("status", "--host", "h") == 0, capsys.readouterr()
+    assert env.cli("status", "--host", "h") == 0
+    status_out = capsys.readouterr().out
+    assert router_line in status_out.split("\nEndpoints:\n", 1)[1], status_out
     assert env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode") == 0
 
 
