@@ -9,7 +9,7 @@ contents and the fingerprints of its inputs, so apply can refuse it when it has 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -131,6 +131,27 @@ class PlannedFile(_Frozen):
     content: str | None = None  # present in saved plans, left out of `plan --format json`
 
 
+# Start order: engines before the router that fronts them (stop order is the reverse). Owned
+# here, below the planner, because Plan.restarts reads it (the transition re-exports it).
+ROLE_ORDER = ("prefill", "decode", "engine", "router")
+UNIT_KINDS = ("stop", "restart", "start")
+
+
+def role_key(role: str) -> tuple[int, str]:
+    """Sort key of a role name in start order (unknown names last, by name)."""
+    return (ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER), role)
+
+
+def roles_restarted(actions: Iterable[Any]) -> list[str]:
+    """Roles whose running process is replaced (restart actions), in start order."""
+    return sorted({r for a in actions if a.kind == "restart" for r in a.roles}, key=role_key)
+
+
+def roles_affected(actions: Iterable[Any]) -> list[str]:
+    """Roles whose process is stopped, started or restarted."""
+    return sorted({r for a in actions if a.kind in UNIT_KINDS for r in a.roles}, key=role_key)
+
+
 class Action(_Frozen):
     """One step of a transition (:mod:`orchestrator.planner.transition` computes them)."""
 
@@ -235,8 +256,6 @@ class Plan(_Frozen):
     @property
     def restarts(self) -> list[str]:
         """Roles whose running engine or router is replaced (downtime), from the actions."""
-        from orchestrator.planner.transition import roles_restarted
-
         return roles_restarted(self.actions)
 
     @property

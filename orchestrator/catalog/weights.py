@@ -11,20 +11,29 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.catalog.models import (
+    Architecture,
     Confidence,
     EngineRules,
+    ExpertStorageOption,
     GroupBytes,
     ModelVariant,
     ParamGroup,
+    QuantFormat,
     WeightBreakdown,
 )
 
-if TYPE_CHECKING:
-    from orchestrator.catalog import Catalog
+
+class Catalog(Protocol):
+    """What this module reads of :class:`orchestrator.catalog.Catalog` (which imports this
+    module: a protocol here, not an import back up, keeps the two files out of a cycle)."""
+
+    def architecture(self, arch_id: str) -> Architecture: ...
+    def quant(self, format_id: str) -> QuantFormat: ...
+    def expert_storage_option(self, storage_id: str) -> ExpertStorageOption: ...
 
 _CONF_ORDER: dict[str, int] = {"confirmed": 0, "derived": 1, "unconfirmed": 2}
 

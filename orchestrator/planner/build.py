@@ -10,16 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import __version__, kernel_paths
-from orchestrator.catalog import Catalog, EngineRules, ModelVariant, UnknownCatalogEntry, load_catalog
-from orchestrator.deployment import Deployment, Placement, resolve
-from orchestrator.errors import InputError, Problem, ProfileError
+from orchestrator import __version__
+from orchestrator.catalog import Catalog, load_catalog
+from orchestrator.errors import InputError, Problem
 from orchestrator.facts import Facts, declared_facts
 from orchestrator.planner import capacity, rules
 from orchestrator.planner.checks import (
@@ -32,170 +30,38 @@ from orchestrator.planner.checks import (
     secrets_checks,
     ssh_user_checks,
 )
+from orchestrator.planner.context import (
+    PlanContext,
+    catalog_entries,
+    decide_kernels,
+    host_of,
+    inventory_path_for,
+    load_fleet,
+    lookup_host,
+    resolve_deployment,
+)
 from orchestrator.planner.exposure import exposure_checks
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
 from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile, PlanTarget
-from orchestrator.profile.inventory import Host, Inventory
-from orchestrator.profile.loader import locate, read_file
-from orchestrator.profile.schema import Profile
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.loader import read_file
+
+# one host's resolution, owned by .context, imported from here by the commands that plan one host
+__all__ = ["PlanContext", "build_plan", "catalog_entries", "host_of", "inventory_path_for",
+           "load_context", "lookup_host", "resolve_deployment"]
 
 _SavedT = TypeVar("_SavedT", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    profile: Profile
-    profile_path: Path | None
-    profile_text: str
-    host_name: str
-    host: Host
-    inventory_path: Path | None
-    placement: Placement | None = None  # a fleet's (planner/fleet.py); None: the fleet of one
-
-
-def inventory_path_for(profile_path: Path | None, explicit: Path | None) -> Path | None:
-    """``--inventory``, else ``inventory.yaml`` beside the profile, else ``./inventory.yaml``."""
-    if explicit is not None:
-        return explicit
-    candidates = [profile_path.parent / "inventory.yaml"] if profile_path is not None else []
-    candidates.append(Path("inventory.yaml"))
-    found = next((c for c in candidates if c.is_file()), None)
-    if found is not None:
-        _trusted_inventory(found)
-    return found
-
-
-def _trusted_inventory(path: Path) -> None:
-    """A discovered inventory (not one named with --inventory) decides where dsv4ctl connects and
-    what it runs there: refuse one another user can write or replace (issue 31: an
-    ./inventory.yaml in a world-writable directory, owned by another user, was used silently)."""
-    import os
-    import stat as st_
-
-    me = os.geteuid()
-    for what, p in (("it", path), ("its directory", path.resolve().parent)):
-        try:
-            s = os.stat(p)
-        except OSError:
-            continue
-        why = None
-        if s.st_uid not in (0, me):
-            why = f"{what} is owned by uid {s.st_uid}, not by you or root"
-        elif s.st_mode & 0o022:
-            why = (f"{what} is writable by group or others (mode "
-                   f"{st_.S_IMODE(s.st_mode):04o})")
-        if why:
-            raise ProfileError(
-                f"found {path} but will not use it: {why}, so another user could point dsv4ctl "
-                "at any machine", fix=f"pass --inventory {path} if you trust it, or chmod go-w "
-                "it and its directory (or move it somewhere only you can write)")
-
-
-def host_of(profile: Profile, inventory: Inventory | None, inventory_path: Path | None,
-            override: str | None = None) -> tuple[str, Host]:
-    """The host entry a profile deploys to (inline, or by name in the inventory). A fleet profile
-    (``hosts:``) names its first host here; :mod:`orchestrator.planner.fleet` plans them all."""
-    if override is None and isinstance(profile.host, Host):
-        return profile.name, profile.host
-    if override is None and profile.host is None:
-        from orchestrator.planner.fleet import fleet_hosts
-
-        return fleet_hosts(profile, inventory, inventory_path)[0]
-    return lookup_host(override if override is not None else str(profile.host), inventory,
-                       inventory_path)
-
-
-def lookup_host(name: str, inventory: Inventory | None, inventory_path: Path | None
-                ) -> tuple[str, Host]:
-    """The inventory's host ``name`` (every command that names a host finds it here)."""
-    if inventory is None:
-        raise ProfileError(
-            f"host = {name!r} names an inventory host, but no inventory was found",
-            fix="pass --inventory PATH (or set DSV4CTL_INVENTORY), put inventory.yaml beside the "
-                "profile, or define the host inline under 'host:'")
-    hosts = inventory.all_hosts()
-    if name not in hosts:
-        known = ", ".join(sorted(hosts))
-        raise ProfileError(
-            f"host = {name!r} is not in {inventory_path}; it declares: {known}",
-            fix=f"use one of: {known}, or add '{name}' to the inventory")
-    return name, hosts[name]
 
 
 def load_context(profile_path: Path | None, inventory_path: Path | None, *,
                  host_override: str | None = None) -> PlanContext:
     """One host's context: the profile's host, ``host_override``, or a fleet's first host (with
     the fleet's placement, so it resolves as that host's part of the fleet)."""
-    from orchestrator.planner.fleet import load_fleet
-
     fctx = load_fleet(profile_path, inventory_path, host_override=host_override)
     hosts = dict(fctx.all_hosts)
     name = host_override if host_override in hosts else fctx.hosts[0][0]
     return fctx.context(name, hosts[name])
-
-
-def catalog_entries(cat: Catalog, profile: Profile, ctx_path: str, text: str = ""
-                    ) -> tuple[EngineRules, ModelVariant]:
-    """The profile's engine version and model variant in the catalog; unknown ids are located
-    problems with a did-you-mean."""
-    problems = []
-    engine: EngineRules | None = None
-    model: ModelVariant | None = None
-
-    def at(field: str) -> dict[str, int | None]:
-        pos = locate(text, field) if text else None
-        return {"line": pos[0], "column": pos[1]} if pos else {}
-
-    try:
-        engine = cat.engine(profile.engine.name, profile.engine.version)
-    except UnknownCatalogEntry as exc:
-        problems.append(Problem(
-            "engine.version", exc.message, value=f"'{profile.engine.version}'", file=ctx_path,
-            fix=f"{exc.fix}; `dsv4ctl catalog engines` lists them", **at("engine.version")))
-    try:
-        model = cat.model(profile.model.variant)
-    except UnknownCatalogEntry as exc:
-        problems.append(Problem(
-            "model.variant", exc.message, value=f"'{profile.model.variant}'", file=ctx_path,
-            fix=f"{exc.fix}; `dsv4ctl catalog models` lists them", **at("model.variant")))
-    if problems or engine is None or model is None:
-        raise InputError(kind=ctx_path, problems=problems)
-    return engine, model
-
-
-def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
-    """The profile resolved for the host, each role's kernel paths decided from the inventory's
-    GPU model and no measurement (``build_plan`` decides again from the facts it plans with)."""
-    cat = cat or load_catalog()
-    engine, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
-    config = cat.config_of(model)
-    dep = resolve(ctx.profile, ctx.host_name, ctx.host,
-                  default_index_topk=config.index_topk.value,
-                  max_context_length=config.max_position_embeddings.value,
-                  placement=ctx.placement)
-    arch = None
-    gpus = getattr(ctx.host, "gpus", None)  # validate's stand-in host declares none
-    if gpus is not None:
-        try:
-            arch = cat.gpu(gpus.model).arch
-        except UnknownCatalogEntry:  # reported by the plan's GPU checks
-            arch = None
-    return decide_kernels(cat, model, engine, dep, arch, None)
-
-
-def decide_kernels(cat: Catalog, model: ModelVariant, engine: EngineRules, dep: Deployment,
-                   arch: str | None, facts: Facts | None) -> Deployment:
-    """Each role's kernel paths (orchestrator.kernel_paths, the one owner), from the host's
-    probed GPUs and stored kernel measurement when ``facts`` has them."""
-    used = {g for r in dep.roles for g in r.gpus}
-    names: tuple[str, ...] = ()
-    measured: list[Any] = []
-    if facts is not None and facts.source == "probed":
-        names = tuple(sorted({g.name for g in facts.gpus if g.index in used}))
-        measured = list(facts.kernel_qualification)
-    return kernel_paths.decide(engine, dep, arch, cat.config_of(model).num_attention_heads.value,
-                               dict(dep.kernel_choices), measured, names)
 
 
 def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None = None, *,
@@ -309,24 +175,6 @@ def host_transition(files: list[PlannedFile], facts: Facts, replace: Iterable[st
     states = {u.name: u.active for u in facts.units}
     return transition(current, release_from_planned(files), states, outside=facts.drift,
                       replace=replace)
-
-
-def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,
-                    facts: Facts | None = None, host_override: str | None = None) -> Plan:
-    """One host's plan: the profile's host, or ``host_override`` (in a fleet: that host's part of
-    the fleet, planned with the fleet's placement). A fleet profile needs the host named:
-    ``orchestrator.planner.fleet.plan_fleet`` plans them all."""
-    from orchestrator.planner.fleet import load_fleet, plan_fleet
-
-    fctx = load_fleet(profile_path, inventory_path, host_override=host_override)
-    if host_override is None and fctx.is_fleet:
-        raise ProfileError(
-            f"profile {fctx.profile.name!r} targets a fleet ({', '.join(fctx.placement.hosts)}); "
-            "one host's plan needs the host named",
-            fix="name the host (--host NAME), or plan the whole fleet with `dsv4ctl plan`")
-    name = host_override or fctx.hosts[0][0]
-    fp = plan_fleet(fctx, {name: facts} if facts is not None else None)
-    return fp.plan(name)  # catalog errors are DsvErrors already
 
 
 def save_plan(plan: Plan | FleetPlan, path: Path) -> None:

@@ -9,7 +9,7 @@ and what to change. Pure functions.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from orchestrator import calibration
 from orchestrator.catalog import (
@@ -26,6 +26,7 @@ from orchestrator.facts import Facts
 from orchestrator.planner import headroom as hr
 from orchestrator.planner import outside
 from orchestrator.planner.checks import check, gib, layout_check
+from orchestrator.planner.headroom import HostGpu
 from orchestrator.planner.kvpool import KVPoolError, KVPoolInputs, PoolSizing, size_pool
 from orchestrator.planner_model import Check, GpuRow, HeadroomTermRow, RoleCapacity, WeightGroup
 from orchestrator.profile.schema import Profile
@@ -40,13 +41,6 @@ PRELOAD_NOTE = ("memory in use before SGLang's baseline (CUDA context, NCCL, cus
 DEFAULT_MFS = 0.85  # used only when a profile sets mem_fraction_static to null (engine "auto")
 
 _SPEC = {"none": None, "eagle": "EAGLE", "dspark": "DSPARK"}
-
-
-@dataclass(frozen=True)
-class HostGpu:
-    spec: Gpu
-    total_bytes: int  # the smallest memory among the GPUs the deployment uses
-    arch: str
 
 
 def host_gpu(cat: Catalog, facts: Facts, dep: Deployment) -> tuple[list[Check], HostGpu | None]:

@@ -1,8 +1,7 @@
 """Fleets (issue 23): one profile on many hosts behind one router, planned host by host.
 
-Owns which hosts a profile targets (``host:`` is the fleet of one, ``hosts:`` a group or a list),
-where each part runs (:class:`~orchestrator.deployment.Placement`: the roles per host, the router's
-host, the address each host's engines are reached at), and the fleet plan: every host planned by
+Owns the fleet plan (which hosts a profile targets and where each part runs are
+:mod:`.context`'s, re-exported here for the callers that plan fleets): every host planned by
 :func:`orchestrator.planner.build.build_plan` with its own facts, plus the checks only the fleet can
 make (cross-host PD transfer against the declared link). The single host goes through the same
 functions; its fleet plan holds one plan, which ``dsv4ctl plan`` prints exactly as before.
@@ -16,189 +15,35 @@ profile's static checks once for the whole fleet.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.catalog import Catalog, load_catalog
-from orchestrator.deployment import LOOPBACK, Placement
 from orchestrator.errors import DsvError, ProfileError
 from orchestrator.facts import Facts
+from orchestrator.planner.build import build_plan
 from orchestrator.planner.checks import check
+from orchestrator.planner.context import (
+    FleetContext,
+    catalog_entries,
+    fleet_context,
+    fleet_hosts,
+    load_fleet,
+    placement_of,
+    resolve_deployment,
+    service_address,
+)
 from orchestrator.planner.rollout import fleet_downtime
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner_model import Check, FleetPlan, Plan
-from orchestrator.profile.inventory import Host, Inventory
-from orchestrator.profile.schema import ColocatedTopology, PDTopology, Profile
+from orchestrator.profile.inventory import Host
+from orchestrator.profile.schema import PDTopology
 
-
-@dataclass(frozen=True)
-class FleetContext:
-    """A profile and the hosts it targets, resolved against the inventory."""
-
-    profile: Profile
-    profile_path: Path | None
-    profile_text: str
-    inventory_path: Path | None
-    hosts: tuple[tuple[str, Host], ...]  # the engine hosts, in rollout order
-    router_host: tuple[str, Host] | None  # a host of the router's own (not an engine host)
-    placement: Placement
-    focus: tuple[str, ...] = ()  # the hosts `--host NAME` named (what `plan --live` probes)
-
-    @property
-    def all_hosts(self) -> tuple[tuple[str, Host], ...]:
-        """Every host the fleet touches: the engine hosts, then the router's own host."""
-        return self.hosts + ((self.router_host,) if self.router_host else ())
-
-    def context(self, name: str, host: Host):  # -> PlanContext (import cycle kept lazy)
-        from orchestrator.planner.build import PlanContext
-
-        return PlanContext(self.profile, self.profile_path, self.profile_text, name, host,
-                           self.inventory_path, self.placement if self.is_fleet else None)
-
-    @property
-    def is_fleet(self) -> bool:
-        """More than the fleet of one (several hosts, or a router on a host of its own)."""
-        return len(self.hosts) > 1 or self.router_host is not None
-
-
-def _no_inventory(what: str) -> ProfileError:
-    return ProfileError(
-        f"hosts = {what} names inventory hosts, but no inventory was found",
-        fix="pass --inventory PATH (or set DSV4CTL_INVENTORY) or put inventory.yaml beside the "
-            "profile")
-
-
-def fleet_hosts(profile: Profile, inventory: Inventory | None, inventory_path: Path | None,
-                target: str | list[str] | None = None) -> list[tuple[str, Host]]:
-    """The hosts ``hosts:`` (or ``target``) names, in its order: a group's members, or a list of
-    host names (top-level or group members)."""
-    target = target if target is not None else profile.hosts
-    assert target is not None
-    if inventory is None:
-        raise _no_inventory(repr(target))
-    every = inventory.all_hosts()
-    if isinstance(target, str):
-        if target in inventory.groups:
-            return list(inventory.groups[target].members.items())
-        if target in every:
-            return [(target, every[target])]
-        known = ", ".join(sorted(inventory.groups)) or "(none)"
-        raise ProfileError(
-            f"hosts = {target!r} is neither a group nor a host of {inventory_path}; its groups: "
-            f"{known}", fix=f"use a group name ({known}) or a list of host names, or add group "
-                            f"'{target}' under 'groups:' in the inventory")
-    missing = [h for h in target if h not in every]
-    if missing:
-        known = ", ".join(sorted(every))
-        raise ProfileError(
-            f"hosts lists {', '.join(repr(m) for m in missing)}, not in {inventory_path}; it "
-            f"declares: {known}", fix=f"use hosts the inventory declares ({known}) or add them")
-    return [(h, every[h]) for h in target]
-
-
-def service_address(name: str, host: Host) -> str:
-    """The address another host reaches this host's engines at: ``service_address``, else the
-    SSH address when it is an IP literal."""
-    if host.service_address is not None:
-        return host.service_address
-    try:
-        ipaddress.ip_address(host.address)
-    except ValueError:
-        raise ProfileError(
-            f"host '{name}': address = {host.address!r} is a name, and the engines of a fleet "
-            "must listen on an IP address the other hosts reach",
-            fix=f"set service_address: <its IP on the hosts' private network> for '{name}' in "
-                "the inventory") from None
-    return host.address
-
-
-def placement_of(profile: Profile, hosts: list[tuple[str, Host]],
-                 inventory: Inventory | None) -> tuple[Placement, tuple[str, Host] | None]:
-    """Which host runs which role and the router; a router on a host outside the fleet comes
-    back as the second value."""
-    names = [n for n, _ in hosts]
-    topo = profile.topology
-    roles: list[tuple[str, tuple[str, ...]]] = []
-    for role, spec in profile.roles().items():
-        on = spec.hosts if spec.hosts is not None else names
-        stray = [h for h in on if h not in names]
-        if stray:
-            raise ProfileError(
-                f"topology.{role}.hosts = {list(on)}: {', '.join(stray)} not in the fleet "
-                f"({', '.join(names)})", fix=f"name hosts of the fleet, or add {stray[0]} to hosts:")
-        roles.append((role, tuple(h for h in names if h in on)))
-    if isinstance(topo, PDTopology):
-        for role, on in roles:
-            if not on:
-                raise ProfileError(f"topology.{role}.hosts: no fleet host runs the {role} role",
-                                   fix=f"name at least one fleet host under topology.{role}.hosts")
-    router_conf = topo.router
-    single = len(hosts) == 1
-    wants_router = isinstance(topo, PDTopology) or not single or router_conf is not None
-    router_on: str | None = None
-    own: tuple[str, Host] | None = None
-    if wants_router:
-        router_on = (router_conf.runs_on if router_conf is not None and router_conf.runs_on else names[0])
-        if router_on not in names:
-            every = inventory.all_hosts() if inventory is not None else {}
-            if router_on not in every:
-                raise ProfileError(
-                    f"topology.router.runs_on = {router_on!r} is not an inventory host",
-                    fix=f"name a fleet host ({', '.join(names)}) or an inventory host of the "
-                        "router's own")
-            own = (router_on, every[router_on])
-    if single and own is None and isinstance(topo, ColocatedTopology) and router_conf is None:
-        router_on = None
-    cross = single and own is None
-    addresses = tuple((n, LOOPBACK if cross else service_address(n, h)) for n, h in hosts)
-    if own is not None:
-        addresses += ((own[0], service_address(*own)),)
-    return Placement(hosts=tuple(names), addresses=addresses, roles=tuple(roles),
-                     router_on=router_on), own
-
-
-def load_fleet(profile_path: Path | None, inventory_path: Path | None, *,
-               host_override: str | None = None) -> FleetContext:
-    """The profile, its inventory and the hosts it targets. ``host_override`` (``--host NAME``):
-    a host of the profile's fleet keeps the fleet (that host is the one probed live); a group
-    plans every member; any other inventory host plans the profile there as the fleet of one."""
-    from orchestrator.paths import default_profile
-    from orchestrator.profile.loader import load_text, read_file
-
-    path = profile_path or default_profile()
-    text = read_file(path)
-    return fleet_context(load_text(Profile, text, str(path)), text, path, inventory_path,
-                         host_override=host_override)
-
-
-def fleet_context(profile: Profile, text: str, path: Path | None, inventory_path: Path | None,
-                  *, host_override: str | None = None) -> FleetContext:
-    """:func:`load_fleet` for a profile already loaded (render and diff load from git too)."""
-    from orchestrator.planner.build import host_of, inventory_path_for
-    from orchestrator.profile.loader import load_inventory
-
-    inv_path = inventory_path_for(path, inventory_path)
-    needs = host_override is not None or not isinstance(profile.host, Host)
-    inventory = load_inventory(inv_path) if (inv_path is not None and needs) else None
-    if profile.hosts is not None:
-        hosts = fleet_hosts(profile, inventory, inv_path)
-    else:
-        hosts = [host_of(profile, inventory, inv_path)] if host_override is None else []
-    focus: tuple[str, ...] = ()
-    if host_override is not None:
-        if inventory is not None and host_override in inventory.groups:
-            hosts = fleet_hosts(profile, inventory, inv_path, host_override)
-            focus = tuple(n for n, _ in hosts)
-        elif host_override in [n for n, _ in hosts]:
-            focus = (host_override,)
-        else:
-            hosts = [host_of(profile, inventory, inv_path, host_override)]
-            focus = (host_override,)
-    placement, own = placement_of(profile, hosts, inventory)
-    return FleetContext(profile, path, text, inv_path, tuple(hosts), own, placement, focus)
+# the host resolution this module's callers import from here (owned by .context)
+__all__ = ["FleetContext", "fleet_context", "fleet_hosts", "load_fleet", "placement_of",
+           "plan_fleet", "plan_from_paths", "probe_fleet", "service_address", "transfer_checks"]
 
 
 def _named(exc: DsvError, host: str) -> DsvError:
@@ -233,8 +78,6 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
     """Every host planned with its own facts (declared unless ``facts`` has the host), in rollout
     order, and the fleet's own checks. One host that does not fit is an error of that host's plan;
     the others are planned all the same."""
-    from orchestrator.planner.build import build_plan, catalog_entries, resolve_deployment
-
     cat = cat or load_catalog()
     facts = facts or {}
     engine, model = catalog_entries(cat, fctx.profile, str(fctx.profile_path), fctx.profile_text)
@@ -360,3 +203,19 @@ def transfer_checks(fctx: FleetContext, plans: list[Plan]) -> list[Check]:
                 f"{what}, within half the TTFT budget of {budget:g} s", None,
                 field="topology.transfer_backend", subject=f"{pre}->{dec}", **numbers))
     return out
+
+
+def plan_from_paths(profile_path: Path | None, inventory_path: Path | None = None, *,
+                    facts: Facts | None = None, host_override: str | None = None) -> Plan:
+    """One host's plan: the profile's host, or ``host_override`` (in a fleet: that host's part of
+    the fleet, planned with the fleet's placement). A fleet profile needs the host named:
+    ``orchestrator.planner.fleet.plan_fleet`` plans them all."""
+    fctx = load_fleet(profile_path, inventory_path, host_override=host_override)
+    if host_override is None and fctx.is_fleet:
+        raise ProfileError(
+            f"profile {fctx.profile.name!r} targets a fleet ({', '.join(fctx.placement.hosts)}); "
+            "one host's plan needs the host named",
+            fix="name the host (--host NAME), or plan the whole fleet with `dsv4ctl plan`")
+    name = host_override or fctx.hosts[0][0]
+    fp = plan_fleet(fctx, {name: facts} if facts is not None else None)
+    return fp.plan(name)  # catalog errors are DsvErrors already

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from orchestrator.catalog import Gpu
+
 SGLANG_VERSION = "0.5.23"
 MIB = 1 << 20
 GIB = 1 << 30
@@ -75,6 +77,15 @@ INDEXER_ENTRY_BYTES = {False: 132, True: 68}
 TORCH_SM120_QUERY_CHUNK = 1024
 #: ``SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS`` default 8192 (environ.py L1828).
 NONPAGED_MIN_QUERY_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    """The GPU a deployment runs on (capacity resolves it; the headroom terms read it)."""
+
+    spec: Gpu
+    total_bytes: int  # the smallest memory among the GPUs the deployment uses
+    arch: str
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
 from orchestrator.deployment import Deployment, RoleDeployment
 from orchestrator.facts import PoolMeasurement
 from orchestrator.planner import headroom as hr
 from orchestrator.planner.checks import check, gib
+from orchestrator.planner.headroom import HostGpu
 from orchestrator.planner.kvpool import PoolSizing
 from orchestrator.planner_model import Check
 from orchestrator.profile.schema import Profile
-
-if TYPE_CHECKING:
-    from orchestrator.planner.capacity import HostGpu
 
 
 def headroom_inputs(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,

@@ -77,8 +77,8 @@ def check_profile(path: Path, inventory_path: Path | None = None) -> tuple[Profi
     checks. The host is only named here, never contacted or needed: static checks read no host
     field, so a profile whose inventory is elsewhere validates all the same."""
     from orchestrator.catalog import load_catalog
-    from orchestrator.planner.build import PlanContext, catalog_entries, resolve_deployment
     from orchestrator.planner.checks import apply_acknowledgements
+    from orchestrator.planner.context import PlanContext, catalog_entries, resolve_deployment
     from orchestrator.profile.inventory import Host
     from orchestrator.profile.loader import load_text, read_file
 

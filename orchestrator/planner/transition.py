@@ -24,16 +24,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.planner_model import Action, PlannedFile
+from orchestrator.planner_model import (
+    ROLE_ORDER,
+    UNIT_KINDS,
+    Action,
+    PlannedFile,
+    roles_affected,
+    roles_restarted,
+)
+from orchestrator.planner_model import role_key as _role_key
+
+__all__ = ["ROLE_ORDER", "roles_affected", "roles_restarted"]  # their owner: planner_model
 
 # Files that describe a release rather than configure a service: they differ between any two
 # releases, so they are not actions of their own.
 META_FILES = frozenset({"manifest.json", "plan.json", "record.json"})
-# Start order: engines before the router that fronts them (stop order is the reverse).
-ROLE_ORDER = ("prefill", "decode", "engine", "router")
 # systemd ActiveStates of a unit whose process exists or is about to (stop it before changing it)
 ALIVE = frozenset({"active", "activating", "reloading", "deactivating"})
-UNIT_KINDS = ("stop", "restart", "start")
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,6 @@ def release_from_facts(hashes: Mapping[str, str], roles: Mapping[str, Iterable[s
     """The host's current release as probed (:class:`orchestrator.facts.Facts`)."""
     return {p: ReleaseFile(h, tuple(roles.get(p, ()))) for p, h in sorted(hashes.items())
             if p not in META_FILES}
-
-
-def _role_key(role: str) -> tuple[int, str]:
-    return (ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER), role)
 
 
 def units_of(release: Release) -> dict[str, str]:
@@ -194,16 +197,6 @@ def between(old: Iterable[PlannedFile], new: Iterable[PlannedFile]) -> list[Acti
     """The transition from one planned release to another, every unit of the old one running
     (``dsv4ctl diff``: what applying NEW to a host that runs OLD does)."""
     return transition(release_from_planned(old), release_from_planned(new), None)
-
-
-def roles_restarted(actions: Iterable[Action]) -> list[str]:
-    """Roles whose running process is replaced (restart actions), in start order."""
-    return sorted({r for a in actions if a.kind == "restart" for r in a.roles}, key=_role_key)
-
-
-def roles_affected(actions: Iterable[Action]) -> list[str]:
-    """Roles whose process is stopped, started or restarted."""
-    return sorted({r for a in actions if a.kind in UNIT_KINDS for r in a.roles}, key=_role_key)
 
 
 def unit_plan(actions: Iterable[Action]) -> tuple[list[str], list[str]]:

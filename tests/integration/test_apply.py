@@ -29,7 +29,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.errors import ExitCode
 from orchestrator.facts import Facts
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.planner_model import Plan
 from orchestrator.profile import load_text
 from orchestrator.profile.inventory import Host, Inventory, JumpHost

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from orchestrator.cli import cli, main
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 from tests.validate.helpers import INVENTORY, PROFILES
 
 

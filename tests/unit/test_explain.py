@@ -10,9 +10,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import plan_from_paths
 from orchestrator.planner.explain import ROLE_SECTIONS, Section, render_explain
-from orchestrator.planner.fleet import load_fleet
+from orchestrator.planner.fleet import load_fleet, plan_from_paths
 from orchestrator.planner.report import render_text
 
 PROFILES_DIR = data_dir("profiles")

@@ -15,8 +15,7 @@ from orchestrator.cli import main
 from orchestrator.errors import InputError, ProfileError, RemoteError
 from orchestrator.facts import declared_facts
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import plan_from_paths
-from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
+from orchestrator.planner.fleet import load_fleet, plan_fleet, plan_from_paths, probe_fleet
 from orchestrator.profile import Inventory, Profile, load_text
 from orchestrator.render.argv import engine_argv, router_argv
 

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.paths import data_dir
 from orchestrator.planner import headroom as H
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.planner.report import render_json
 
 MIB, GIB = 1 << 20, 1 << 30

@@ -11,7 +11,7 @@ import yaml
 
 from orchestrator.cli import cli, main
 from orchestrator.paths import default_profile
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 
 
 def _inventory(tmp_path: Path, **extra: str) -> Path:

@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from orchestrator.cli import main
 from orchestrator.errors import InputError, RemoteError, StalePlan
 from orchestrator.paths import default_profile
-from orchestrator.planner.build import load_context, plan_from_paths
+from orchestrator.planner.build import load_context
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.profile.loader import MAX_LIST_ITEMS, load_text
 from orchestrator.profile.schema import Profile
 from orchestrator.terminal import escape

@@ -17,7 +17,8 @@ from orchestrator.catalog.flags import load_flag_table
 from orchestrator.deployment import resolve
 from orchestrator.errors import DsvError
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import load_context, plan_from_paths
+from orchestrator.planner.build import load_context
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.render.argv import engine_argv
 
 PROFILES_DIR = data_dir("profiles")

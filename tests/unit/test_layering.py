@@ -4,9 +4,11 @@ The order (design.md, developer guide): ``cli -> apply -> planner -> render/rele
 monitoring/health/probes/remote -> deployment/facts -> profile/catalog -> paths/errors``. Modules
 outside those packages are placed where their imports and importers put them (said below). The
 test parses every module with :mod:`ast` (top-level and function-local imports alike: a lazy import
-is still a dependency) and fails naming the file, the line and the two layers. It also checks the
-core stays free of the heavy adapters: click only in ``cli``, fabric/paramiko only in ``remote``,
-aiohttp only in ``probes``, torch/triton nowhere.
+is still a dependency) and fails naming the file, the line and the two layers. Within a layer it
+checks file to file: no import cycle between modules, where a function-level import counts as
+much as a top-level one (a lazy import never hides a cycle). It also checks the core stays free
+of the heavy adapters: click only in ``cli``, fabric/paramiko only in ``remote``, aiohttp only in
+``probes``, torch/triton nowhere.
 """
 
 from __future__ import annotations
@@ -39,11 +41,7 @@ LAYERS: dict[str, int] = {
 }
 
 # Known upward imports, each with its reason. Keep this list short; a new entry needs a reason.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    # Plan.restarts reads the transition's own rule (one owner of "which roles restart"), lazily;
-    # moving roles_restarted down into planner_model would end this exception.
-    ("planner_model.py", "planner"): "Plan.restarts delegates to planner.transition.roles_restarted",
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 # third-party packages and the only top-level units allowed to import them
 HEAVY: dict[str, frozenset[str]] = {
@@ -143,3 +141,124 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     names = [n for n, _ in _imports(src, tmp_path / "orchestrator")]
     assert names == ["orchestrator.planner", "orchestrator", "orchestrator.apply",
                      "orchestrator.facts", "orchestrator.facts.y"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _file_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line}, for the modules under ``root``, every import
+    (top-level, function-level, under TYPE_CHECKING). ``from pkg import name`` is an edge to
+    ``pkg.name`` when that is a module, else to ``pkg``."""
+    files = sorted(root.rglob("*.py"))
+    mods = {_module_name(p, root) for p in files}
+    graph: dict[str, dict[str, int]] = {}
+    for path in files:
+        me = _module_name(path, root)
+        edges: dict[str, int] = {}
+        rel = path.relative_to(root.parent).with_suffix("")
+        package = list(rel.parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package[: len(package) - (node.level - 1)])
+                    module = f"{base}.{node.module}" if node.module else base
+                else:
+                    module = node.module or ""
+                subs = [f"{module}.{a.name}" for a in node.names]
+                targets = [t for t in subs if t in mods] or [module]
+                if len(targets) < len(subs):  # names that are not modules come from the package
+                    targets.append(module)
+            for t in targets:
+                while t and t not in mods:  # import a.b.c: the deepest module that exists
+                    t = t.rpartition(".")[0]
+                if t and t != me:
+                    edges.setdefault(t, node.lineno)
+        graph[me] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The import cycles: each strongly connected group of modules (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def _describe(graph: dict[str, dict[str, int]], group: list[str]) -> str:
+    edges = [f"{a} -> {b} (line {graph[a][b]})" for a in group for b in group if b in graph[a]]
+    return "; ".join(edges)
+
+
+def test_no_import_cycle_between_files() -> None:
+    """Files that import each other in a loop, directly or through others, top-level or inside a
+    function: none. (Before: planner.build <-> fleet <-> static behind "import cycle kept lazy",
+    capacity <-> outside for a type, transition <-> planner_model, cli.apply_cmd <-> fleet_cmd.)"""
+    graph = _file_graph()
+    assert [_describe(graph, g) for g in _cycles(graph)] == []
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "orchestrator"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    for d in {(root / rel).parent for rel in files}:
+        (d / "__init__.py").touch()
+    return root
+
+
+def test_the_checker_sees_a_planted_file_cycle(tmp_path: Path) -> None:
+    root = _package(tmp_path, {
+        "planner/a.py": "from orchestrator.planner import b\n",
+        "planner/b.py": "from orchestrator.planner.c import X\n",
+        "planner/c.py": "from .a import Y\nX = 1\n",
+        "planner/d.py": "from orchestrator.planner import a\n"})
+    assert _cycles(_file_graph(root)) == [
+        ["orchestrator.planner.a", "orchestrator.planner.b", "orchestrator.planner.c"]]
+
+
+def test_the_checker_sees_a_cycle_hidden_in_a_function(tmp_path: Path) -> None:
+    """The pattern this replaced: a function-level import ("kept lazy") that closes a loop."""
+    root = _package(tmp_path, {
+        "planner/build.py": "from orchestrator.planner.static import check\n",
+        "planner/static.py": "def check():\n    from orchestrator.planner.build import ctx\n"
+                             "    return ctx\n"})
+    graph = _file_graph(root)
+    assert _cycles(graph) == [["orchestrator.planner.build", "orchestrator.planner.static"]]
+    assert "orchestrator.planner.static -> orchestrator.planner.build (line 2)" in \
+        _describe(graph, _cycles(graph)[0])
+

@@ -19,7 +19,7 @@ from orchestrator.apply.preflight import ensure_service_user
 from orchestrator.catalog import load_catalog
 from orchestrator.errors import DsvError
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.profile.inventory import Host
 from orchestrator.remote.probes import CommandResult
 from tests.validate.helpers import render_path, shipped_profiles

@@ -14,8 +14,8 @@ from orchestrator.cli import main
 from orchestrator.errors import DsvError
 from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, UnitFact
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import build_plan, load_context, load_plan, plan_from_paths, save_plan
-from orchestrator.planner.fleet import load_fleet, plan_fleet
+from orchestrator.planner.build import build_plan, load_context, load_plan, save_plan
+from orchestrator.planner.fleet import load_fleet, plan_fleet, plan_from_paths
 from orchestrator.planner.fleet_report import (
     render_fleet_json,
     render_fleet_markdown,

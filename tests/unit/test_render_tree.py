@@ -218,8 +218,7 @@ def test_apply_uploads_the_renderers_manifest(path: Path) -> None:
     """One writer of manifest.json: the tree apply uploads from a saved plan carries exactly the
     manifest `dsv4ctl render` writes (apply.context.tree_from_plan uses ReleaseTree.manifest)."""
     from orchestrator.apply.context import tree_from_plan
-    from orchestrator.planner.build import plan_from_paths
-    from orchestrator.planner.fleet import load_fleet, plan_fleet
+    from orchestrator.planner.fleet import load_fleet, plan_fleet, plan_from_paths
 
     fleet = load_fleet(path, INVENTORY)
     if fleet.is_fleet:  # a fleet is planned per host: each host's plan against its own render

@@ -9,7 +9,8 @@ from __future__ import annotations
 from orchestrator.apply.preflight import stale_reason
 from orchestrator.facts import DiskFact, Facts, GpuFact, ModelFact, declared_facts
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import load_context, plan_from_paths
+from orchestrator.planner.build import load_context
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
 

@@ -19,7 +19,8 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.facts import Facts, GpuFact, UnitFact
-from orchestrator.planner.build import build_plan, load_context, plan_from_paths
+from orchestrator.planner.build import build_plan, load_context
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.planner.report import render_json, render_markdown, render_text
 from orchestrator.planner.transition import (
     ReleaseFile,
