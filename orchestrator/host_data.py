@@ -211,6 +211,9 @@ class FleetJournal(BaseModel):
 
     profile: _Slug
     kind: Literal["rollout", "rollback"] = "rollout"
+    # the run's number in the fleet's order (journals written before runs were numbered: None)
+    sequence: int | None = Field(default=None, ge=1, le=1 << 40)
+    selected: list[_Slug] = Field(default_factory=list, max_length=4096)  # what --host named
     started: Annotated[str, Field(pattern=r"^[0-9]{8}T[0-9]{6}Z$")]
     finished: Annotated[str, Field(pattern=r"^[0-9]{8}T[0-9]{6}Z$")] | None = None
     command: _Line = ""

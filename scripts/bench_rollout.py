@@ -58,6 +58,9 @@ class FakeRemote:
     def restore(self, host: str) -> None:
         self._op()
 
+    def verify_wave(self, hosts: list[str]) -> str | None:
+        return None
+
 
 def run(hosts: int, strategy: Strategy, op_s: float, prepare_s: float) -> None:
     names = [f"gpu-{i:04d}" for i in range(hosts)]

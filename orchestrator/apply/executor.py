@@ -250,16 +250,11 @@ def mark_restore_failed(ctx: Context, release: str, why: str) -> None:
 
 @dataclass
 class Runner:
-    """Shared plumbing of apply and rollback for the CLI."""
+    """One host's apply (:meth:`prepare`, then :meth:`switch` or :meth:`cancel`) and rollback,
+    as the driver (:mod:`.fleet_ops`) runs them."""
 
     out: Callable[[str], None]
     now: Callable[[], datetime] = utcnow
-
-    def apply(self, ctx: Context) -> Result:
-        """The single-host apply: :meth:`prepare`, then :meth:`switch`. A fleet runs the same
-        two phases, every host's prepare in parallel before the first switch (issue 23)."""
-        res = self.prepare(ctx)
-        return res if res is not None else self.switch(ctx)
 
     @staticmethod
     def switch_step(pb: Playbook) -> int:
@@ -377,6 +372,10 @@ class Runner:
         host = ctx.host_name
         what = "interrupted (Ctrl-C)" if interrupted else _msg(err.cause)
         if isinstance(err.cause, RemoteError) and not _reconnect(ctx):
+            # the record kept here is the run's last word: its final status (nothing restored:
+            # the host could not be reached) with the failed step's real error, which the next
+            # run puts on the host (preflight.reconcile), never "applying"
+            rec.status = "failed" if err.on_failure == "abort" else "interrupted"
             done, not_done = _summary(rec)
             local = _save_local(rec)
             return Result(ctx.target, "failed", f"{err.step} failed: {what}; the host could not "
@@ -480,6 +479,7 @@ class Runner:
                           done=done, not_done=not_done,
                           recovery=f"dsv4ctl history --host {host}   # pick another release")
         if isinstance(err.cause, RemoteError) and not _reconnect(ctx):
+            rec.events.append(_failed_event(ctx, f"{what}; the host could not be reached again"))
             done, not_done = _summary(rec)
             return Result(target, "rollback-failed", f"{what}; the host could not be reached "
                           f"again, so the journal was saved here: {_save_local(rec)}",

@@ -1,14 +1,20 @@
-"""The per-host work of a fleet rollout over SSH and the router's worker API (issue 23).
+"""The driver of every host-changing run: one host or many, apply or rollback (issue 23, 30).
 
-Owns what :func:`orchestrator.apply.rollout.run_rollout` asks of each host of a
-:class:`~orchestrator.planner_model.FleetPlan`: connect, take the fleet lock (on the router's host;
-each host's own lock is taken by its single-host apply), drain it through the router
-(:mod:`orchestrator.remote.router_api`: its workers removed, then its engines' running requests
-read down to zero from their ``/metrics``), apply its plan with the single-host path in its two
-phases — :func:`orchestrator.apply.prepare_apply` (preflight, upload, kernels; every host in
-parallel before the first switch) and the prepared apply's switch in the host's wave, or its
-cancel when the rollout stops before that wave — and put its workers back, verified through the
-router (each listed healthy, then one generation through it).
+Owns what :func:`orchestrator.apply.rollout.run_rollout` asks of each host the target resolver
+(:func:`orchestrator.planner.targets.resolve_targets`) chose: one SSH connection per host (the
+probe's when the caller probed, reused through prepare and switch, closed at the end), the fleet
+lock (on the lock host; each host's own lock is taken by its prepare), draining a host through the
+router (:mod:`orchestrator.remote.router_api`: its workers removed, then its engines' running
+requests read down to zero from their ``/metrics``) where a router fronts the engines, the host's
+move in its two phases — :func:`orchestrator.apply.prepare_apply` (preflight, upload, kernels;
+every host in parallel before the first switch) and the prepared apply's switch in the host's
+wave, or its cancel when the run stops before that wave — and putting its workers back, verified
+through the router (each listed healthy, then one generation through it with the profile's smoke
+prompt). A rollback (:mod:`.fleet_rollback`) is the same driver with another move.
+
+The seam between waves: :meth:`FleetOps.verify_wave` runs after a wave's hosts are back (health
+and smoke passed); a reason it returns stops the run as a failed wave would (canary analysis
+plugs in there).
 """
 
 from __future__ import annotations
@@ -18,67 +24,97 @@ import json
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
 from orchestrator.errors import DsvError, RemoteError
+from orchestrator.planner.targets import Targets, fleet_lock_name
 from orchestrator.planner_model import FleetPlan, Plan
 from orchestrator.profile.inventory import Host
 
 Out = Callable[[str], None]
 
-
-def fleet_lock_name(profile_name: str) -> str:
-    return f".dsv4ctl-fleet-{profile_name}.lock"
+__all__ = ["FleetOps", "apply_fleet", "drive", "fleet_lock_name"]
 
 
 class FleetOps:
-    """:class:`~orchestrator.apply.rollout.HostOps` over SSH; close with :meth:`close`."""
+    """:class:`~orchestrator.apply.rollout.HostOps` over SSH; close with :meth:`close`.
+
+    ``plans``: each host's plan (a rollback needs only the router's, to drain; none at all for a
+    host named without a profile). ``remotes``: connections already open (the probe's), owned
+    from here on: :meth:`close` closes them with the ones it opened."""
 
     kind = "rollout"  # the fleet journal's kind (.fleet_rollback.RollbackOps: "rollback")
 
-    def __init__(self, fleet: FleetPlan, hosts: dict[str, Host], *, out: Out, command: str,
-                 saved: bool = False, connect: Callable[[str, Host], Any] | None = None) -> None:
-        from orchestrator.remote.connection import connect as ssh_connect
-
-        self.fleet, self.hosts, self.out, self.command = fleet, hosts, out, command
+    def __init__(self, targets: Targets, hosts: Mapping[str, Host],
+                 plans: Mapping[str, Plan] | None = None, *, out: Out, command: str,
+                 saved: bool = False, remotes: Mapping[str, Any] | None = None,
+                 connect: Callable[[str, Host], Any] | None = None) -> None:
+        self.targets, self.hosts, self.out, self.command = targets, hosts, out, command
+        self.plans = dict(plans or {})
+        self.profiles: dict[str, Any] = {}  # each moved host's profile, from :meth:`check`
         self.saved = saved
         self.releases: dict[str, str | None] = {}
+        # each host's own result (the executor's Result): what a one-host run prints
+        self.results: dict[str, Any] = {}
         # hosts prepared (release uploaded, host lock held) and not yet switched or cancelled
         self.prepared: dict[str, Any] = {}
         self.cancelled: dict[str, str | None] = {}  # host -> the prepared release not switched
         self._router_key: str | None = None
         self.router_up = False  # set by check_router: False on the first rollout (no router yet)
-        self._connect = connect or ssh_connect
-        self.remotes: dict[str, Any] = {}
+        self._connect = connect
+        self.remotes: dict[str, Any] = dict(remotes or {})
         self._lock = threading.Lock()
         self.fleet_lock: Any = None
-        on = fleet.router_on
-        self.router_plan: Plan | None = fleet.plan(on) if on is not None else None
+        on = targets.router_on
+        self.router_plan: Plan | None = self.plans.get(on) if on is not None else None
+
+    def check(self) -> None:
+        """Before any connection: each moved host's plan is its own and, saved, re-derives from
+        its profile (:func:`orchestrator.apply.checked_profile`); a hostile or stale plan never
+        reaches a host."""
+        from orchestrator.apply import checked_profile
+
+        for host in self.targets.moved:
+            self.profiles[host] = checked_profile(self.plans[host], host, self.hosts[host],
+                                                  saved=self.saved)
+
+    def say(self, host: str) -> Out:
+        """``out`` for one host's lines: prefixed with its name, except in the fleet of one."""
+        if self.targets.single:
+            return self.out
+        return lambda line: self.out(f"[{host}] {line}")
 
     # -- connections and the fleet lock -----------------------------------------------------
     def remote(self, host: str) -> Any:
         with self._lock:
             if host not in self.remotes:
+                if self._connect is None:
+                    from orchestrator.remote.connection import connect
+
+                    self._connect = connect
                 self.remotes[host] = self._connect(host, self.hosts[host])
             return self.remotes[host]
 
     def lock_fleet(self) -> None:
-        """The fleet lock, on the router's host (else the first host): a second rollout of the
-        same profile is refused with the holder shown, as a second apply of one host is."""
+        """The fleet lock, on the lock host, before any host lock: a second run of the same
+        profile is refused with the holder shown, as a second apply of one host is. A host named
+        without a profile knows no fleet: its host lock alone guards it."""
         from orchestrator.remote.lock import HostLock
 
-        on = self.fleet.router_on or self.fleet.hosts[0]
-        root = self.hosts[on].install_root
-        self.fleet_lock = HostLock(self.remote(on), root, self.command,
-                                   name=fleet_lock_name(self.fleet.profile_name))
+        name = self.targets.fleet_lock
+        if name is None:
+            return
+        on = self.targets.lock_on
+        self.fleet_lock = HostLock(self.remote(on), self.hosts[on].install_root, self.command,
+                                   name=name)
         self.fleet_lock.acquire()
 
     def close(self) -> None:
         for host in list(self.prepared):  # an exception or Ctrl-C between prepare and switch
             with contextlib.suppress(Exception):
-                self.cancel(host, "the rollout ended before this host's switch")
+                self.cancel(host, "the run ended before this host's switch")
         if self.fleet_lock is not None:
             self.fleet_lock.release()
         for r in self.remotes.values():
@@ -87,13 +123,12 @@ class FleetOps:
 
     # -- the router ----------------------------------------------------------------------------
     def router(self) -> Any:
+        from orchestrator.remote.connection import listen_http
         from orchestrator.remote.router_api import RouterApi
 
         plan = self.router_plan
         if plan is None or plan.deployment.router is None:
             raise DsvError("the fleet has no router to drain hosts from")
-        from orchestrator.remote.connection import listen_http
-
         dep = plan.deployment
         assert dep.router is not None
         remote = self.remote(plan.host)
@@ -118,7 +153,7 @@ class FleetOps:
 
     def _workers(self, host: str) -> list[tuple[str, str, int | None, Any]]:
         """(url, worker type, bootstrap port, role) of every engine of ``host``."""
-        dep = self.fleet.plan(host).deployment
+        dep = self.plans[host].deployment
         out = []
         for role in dep.roles:
             kind = role.disaggregation_mode or "regular"
@@ -126,11 +161,13 @@ class FleetOps:
         return out
 
     def check_router(self) -> bool:
-        """Whether the router answers its worker API. Not yet (the fleet's first rollout, the
-        router starts with its host's release): hosts are applied without draining."""
+        """Whether the router answers its worker API. Not asked when nothing is drained (the
+        fleet of one, its router its own). Not yet up (the fleet's first rollout, the router
+        starts with its host's release): hosts are applied without draining."""
         from orchestrator.remote.router_api import RouterApiError
 
-        if self.router_plan is None or self.router_plan.deployment.router is None:
+        if (not self.targets.drain or not self.targets.engines or self.router_plan is None
+                or self.router_plan.deployment.router is None):
             self.router_up = False
         else:
             try:
@@ -150,14 +187,15 @@ class FleetOps:
         from orchestrator.apply import PreparedApply, prepare_apply
         from orchestrator.apply.executor import raise_for
 
-        self.remote(host)  # connect now: an unreachable host stops the rollout before any switch
-        res = prepare_apply(self.fleet.plan(host), host, self.hosts[host],
-                            out=lambda line: self.out(f"[{host}] {line}"), command=self.command,
-                            saved=self.saved)
+        # connected here at the latest: an unreachable host stops the run before any switch
+        res = prepare_apply(self.plans[host], host, self.hosts[host],
+                            profile=self.profiles[host], out=self.say(host),
+                            command=self.command, saved=self.saved, remote=self.remote(host))
         if isinstance(res, PreparedApply):
             with self._lock:
                 self.prepared[host] = res
             return True
+        self.results[host] = res
         raise_for(res)  # a prepare step failed: journaled in the host's record
         return False  # no changes
 
@@ -170,7 +208,7 @@ class FleetOps:
             return None
         self.cancelled[host] = prepared.release
         res = prepared.cancel(why)
-        self.out(f"[{host}] {res.message}")
+        self.say(host)(res.message)
         return prepared.release
 
     def drain(self, host: str, timeout_s: float) -> bool:
@@ -189,9 +227,9 @@ class FleetOps:
                        for _u, _k, _p, role in self._workers(host))
 
         res = wait_drained(inflight, timeout_s=timeout_s)
-        self.out(f"[{host}] drained: {'0 requests left' if res.drained else 'timeout with '}"
-                 f"{'' if res.drained else str(res.inflight) + ' request(s) still running'} "
-                 f"after {res.waited_s:.1f}s")
+        self.say(host)(f"drained: {'0 requests left' if res.drained else 'timeout with '}"
+                       f"{'' if res.drained else str(res.inflight) + ' request(s) still running'}"
+                       f" after {res.waited_s:.1f}s")
         return res.drained
 
     def switch(self, host: str) -> None:
@@ -200,6 +238,7 @@ class FleetOps:
         with self._lock:
             prepared = self.prepared.pop(host)
         res = prepared.switch()
+        self.results[host] = res
         self.releases[host] = res.release
         if res.status not in ("healthy", "no-changes"):
             raise_for(res)
@@ -213,7 +252,7 @@ class FleetOps:
         if remote is not None and not remote.alive:
             # the host went away during its switch (its sshd or the machine died): nothing can
             # say its engines serve, and adding them would have the router wait add()'s 60 s for
-            # a worker that never turns healthy; the rollout stops now, the host out of the router
+            # a worker that never turns healthy; the run stops now, the host out of the router
             raise RemoteError(f"host '{host}' cannot be reached (the SSH connection to it was "
                               "lost): it is left out of the router",
                               fix=f"dsv4ctl status --host {host}; once it is back, apply the "
@@ -223,31 +262,59 @@ class FleetOps:
             api.add(url, worker_type=kind, bootstrap_port=port)
         plan = self.router_plan
         assert plan is not None
-        res = smoke_generate(api.http, plan.deployment, "Reply with the single word: ready", 8,
-                             timeout=60)
+        prompt, max_tokens = self._smoke()
+        res = smoke_generate(api.http, plan.deployment, prompt, max_tokens, timeout=60)
         if not res.ok:
             raise RemoteError(f"host '{host}' is back in the router, but a generation through "
                               f"the router failed: {res.message}",
                               fix="see the router's and the engines' logs")
-        self.out(f"[{host}] back in the router; generation through it: {res.message}")
+        self.say(host)(f"back in the router; generation through it: {res.message}")
+
+    def _smoke(self) -> tuple[str, int]:
+        """The profile's smoke prompt and its token budget (``health.smoke_prompt``), the one
+        each host's own smoke step sends."""
+        from orchestrator.apply.context import profile_from_plan
+
+        assert self.router_plan is not None
+        health = profile_from_plan(self.router_plan).health
+        return health.smoke_prompt, health.smoke_max_tokens
+
+    def verify_wave(self, hosts: list[str]) -> str | None:
+        """After a wave's hosts moved and are back behind the router (their health and smoke
+        passed): a reason to stop the run here, or None to go on. The seam for a gate between
+        waves (e.g. canary analysis); nothing more is checked today."""
+        return None
 
     # -- the fleet's journal -------------------------------------------------------------------
-    def write_journal(self, result: Any, started: float) -> str:
-        """One JSON record per rollout or fleet rollback on the router's host (else the first
-        host), under ``<install_root>/fleet/``: the waves, each host's outcome, where it stopped
-        and why. Each host's own journal is its release record, written by its single-host
-        apply or rollback."""
-        on = self.fleet.router_on or self.fleet.hosts[0]
+    def write_journal(self, result: Any, started: float) -> str | None:
+        """One JSON record per run of a fleet on the lock host, under
+        ``<install_root>/fleet/<profile>/<sequence>.json``: the waves, each host's outcome, where
+        it stopped and why. Runs are numbered in the order they ran (the next number after the
+        highest there, under the fleet lock), never by a clock: a controller a day behind or a
+        host clock ahead cannot reorder them. Each host's own journal is its release record,
+        which is all the fleet of one keeps (None: nothing written)."""
+        if self.targets.single or self.targets.profile_name is None:
+            return None
+        on = self.targets.lock_on
         root = self.hosts[on].install_root
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
-        # milliseconds in the file name: two runs in one second (a refused rollback right after
-        # a rollout) must not overwrite each other's journal; names sort in time order
-        ms = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"{int(started * 1000) % 1000:03d}Z"
-        path = f"{root}/fleet/{self.fleet.profile_name}-{ms}.json"
+        name = self.targets.profile_name
+        from orchestrator.remote import hostfs
+
+        remote = self.remote(on)
+        res = remote.run(hostfs.ensure_dirs(root, "fleet", f"fleet/{name}") + "\n"
+                         + f"ls -1 -- {shlex.quote(journal_dir(root, name))}", timeout=30)
+        if not res.ok:
+            raise RemoteError(f"cannot create {journal_dir(root, name)} on host '{on}': "
+                              f"{(res.stderr or res.stdout).strip()[:200]}")
+        seq = 1 + max((sequence_of(n) or 0 for n in res.stdout.split()), default=0)
+        path = f"{journal_dir(root, name)}/{seq:08d}.json"
         record = {
-            "profile": self.fleet.profile_name, "kind": self.kind, "started": stamp,
+            "profile": name, "kind": self.kind, "sequence": seq,
+            # wall-clock times are for people reading the journal, not for its order
+            "started": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)),
             "finished": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
             "command": self.command, "waves": result.waves,
+            "selected": list(self.targets.selected),
             "outcomes": [asdict(o) for o in result.outcomes.values()],
             "stopped_after_wave": result.stopped_after, "reason": result.reason,
             "exit_code": int(result.exit_code),
@@ -257,38 +324,82 @@ class FleetOps:
             # releases prepared (uploaded) on hosts the rollout stopped before: never switched
             "prepared_not_switched": dict(sorted(self.cancelled.items())),
         }
-        from orchestrator.remote import hostfs
-
-        remote = self.remote(on)
-        res = remote.run(hostfs.ensure_dirs(root, "fleet"), timeout=30)
-        if not res.ok:
-            raise RemoteError(f"cannot create {root}/fleet on host '{on}': "
-                              f"{(res.stderr or res.stdout).strip()[:200]}")
         remote.put_bytes((json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), path)
         return f"{on}:{path}"
 
 
-def apply_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, out: Out,
-                command: str, saved: bool) -> tuple[Any, str]:
-    """Roll ``fleet`` out (:func:`~orchestrator.apply.rollout.run_rollout`) under the fleet
-    lock; returns the result and where its journal was written."""
-
-    ops = FleetOps(fleet, hosts, out=out, command=command, saved=saved)
-    return drive(ops, list(fleet.hosts), strategy, router_host=fleet.router_only_host, out=out)
+def journal_dir(root: str, profile_name: str) -> str:
+    """Where a fleet's run journals live on its lock host."""
+    return f"{root}/fleet/{profile_name}"
 
 
-def drive(ops: FleetOps, engines: list[str], strategy: Any, *, router_host: str | None,
-          out: Out) -> tuple[Any, str]:
-    """One fleet run, a rollout or a rollback (``ops`` decides what a host's move is): take the
-    fleet lock, ask the router, run the waves, write the fleet's journal, close every
-    connection. Returns the result and where the journal went."""
+def sequence_of(file_name: str) -> int | None:
+    """The run number of a journal file (``00000012.json``), None for any other name."""
+    stem, dot, ext = file_name.rpartition("/")[2].partition(".")
+    return int(stem) if dot and ext == "json" and stem.isdigit() else None
+
+
+def read_journals(remote: Any, root: str, profile_name: str, *, last: bool = False
+                  ) -> list[dict[str, Any]]:
+    """The fleet's run journals in the order the runs ran (by their sequence number; journals
+    written before runs were numbered, ``fleet/<profile>-<time>.json``, first, in name order).
+    ``last``: only the newest."""
+    d = shlex.quote(journal_dir(root, profile_name))
+    legacy = shlex.quote(f"{root}/fleet")
+    prefix = shlex.quote(profile_name + "-")
+    # one JSON document per line (jq-free): each journal file squeezed onto one line; the
+    # zero-padded numbers sort as the runs ran
+    pick = "| tail -n 1" if last else ""
+    res = remote.run(
+        f"{{ [ -d {d} ] && cd {d} && ls -1 -- | grep -E '^[0-9]+[.]json$' | sort {pick} | "
+        "while read -r f; do tr -d '\\n' < \"$f\"; echo; done; } ; "
+        + ("" if last else
+           f"{{ cd {legacy} 2>/dev/null && for f in $(ls -1 -- {prefix}*.json 2>/dev/null | sort); "
+           "do printf 'legacy '; tr -d '\\n' < \"$f\"; echo; done; }; ")
+        + "exit 0", timeout=60)
+    from orchestrator.host_data import fleet_journal
+
+    numbered: list[dict[str, Any]] = []
+    older: list[dict[str, Any]] = []
+    for n, line in enumerate(res.stdout.splitlines(), 1):
+        into = older if line.startswith("legacy ") else numbered
+        # host data (issue 31): a hostile journal crashed `history`; one that is not a fleet
+        # journal is shown as unreadable, the others as they are
+        try:
+            into.append(fleet_journal(line.removeprefix("legacy "),
+                                      f"fleet journal {n} on host '{remote.name}'"))
+        except DsvError as exc:
+            into.append({"kind": "unreadable", "started": "?", "exit_code": None,
+                         "stopped_after_wave": None, "reason": exc.message, "outcomes": []})
+    numbered.sort(key=lambda j: j.get("sequence") or 0)
+    return older + numbered
+
+
+def apply_fleet(targets: Targets, hosts: Mapping[str, Host], plans: Mapping[str, Plan],
+                strategy: Any, *, out: Out, command: str, saved: bool,
+                remotes: Mapping[str, Any] | None = None) -> tuple[Any, FleetOps, str | None]:
+    """Apply the plans to the targets (one host or many) through :func:`drive`; returns the
+    result, the ops (each host's own result) and where the fleet's journal was written."""
+    ops = FleetOps(targets, hosts, plans, out=out, command=command, saved=saved, remotes=remotes)
+    result, where = drive(ops, strategy, out=out)
+    return result, ops, where
+
+
+def drive(ops: FleetOps, strategy: Any, *, out: Out) -> tuple[Any, str | None]:
+    """One run, a rollout or a rollback (``ops`` decides what a host's move is), of one host or
+    many: take the fleet lock, ask the router (where one fronts the engines), run the waves,
+    write the fleet's journal, close every connection. Returns the result and where the journal
+    went (None: the fleet of one keeps none)."""
     from orchestrator.apply.rollout import run_rollout
 
+    t = ops.targets
     started = time.time()
     try:
+        ops.check()
         ops.lock_fleet()
         ops.check_router()
-        result = run_rollout(engines, ops, strategy, router_host=router_host, out=out)
+        result = run_rollout(list(t.engines), ops, strategy, router_host=t.router_host,
+                             drain=t.drain, out=(lambda _s: None) if t.single else out)
         try:
             where = ops.write_journal(result, started)
         except DsvError as exc:  # the run's outcome stands; say the journal is missing
@@ -296,6 +407,15 @@ def drive(ops: FleetOps, engines: list[str], strategy: Any, *, router_host: str 
         return result, where
     finally:
         ops.close()
+
+
+def targets_of(fleet: FleetPlan, *, selector: str | None = None,
+               groups: Mapping[str, Any] | None = None) -> Targets:
+    """The targets of a planned fleet (:func:`~orchestrator.planner.targets.resolve_targets`)."""
+    from orchestrator.planner.targets import resolve_targets
+
+    return resolve_targets(fleet.profile_name, fleet.hosts, fleet.router_on,
+                           fleet.router_only_host, selector=selector, groups=groups)
 
 
 def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[str, Host], Any],
@@ -314,7 +434,8 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
         reports = dict(zip(names, pool.map(lambda n: _safe_status(status, n, hosts[n]), names),
                            strict=True))
-    ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command, connect=connect)
+    ops = FleetOps(targets_of(fleet), hosts, {p.host: p for p in fleet.plans},
+                   out=lambda _s: None, command=command, connect=connect)
     listed: dict[str, bool] | None = None
     last: dict[str, Any] | None = None
     running: str | None = None  # the fleet lock's holder: a rollout or rollback in progress
@@ -330,16 +451,9 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
         if is_locked(ops.remote(on), hosts[on].install_root, name):  # a rollout running now
             h = read_holder(ops.remote(on), hosts[on].install_root, name)
             running = h.describe() if h else "unknown holder"
-        root = shlex.quote(hosts[on].install_root + "/fleet")
-        res = ops.remote(on).run(f"f=$(ls -1t {root}/*.json 2>/dev/null | head -n 1); "
-                                 '[ -n "$f" ] && cat -- "$f"', timeout=30)
-        if res.stdout.strip():
-            from orchestrator.host_data import fleet_journal
-
-            try:  # host data, checked (issue 31): a hostile journal crashed `status`
-                last = fleet_journal(res.stdout, f"the last fleet journal on host '{on}'")
-            except DsvError as exc:
-                last = {"kind": "unreadable", "reason": exc.message}
+        found = read_journals(ops.remote(on), hosts[on].install_root, fleet.profile_name,
+                              last=True)
+        last = found[-1] if found else None
     except DsvError:
         pass
     finally:
@@ -370,28 +484,12 @@ def _safe_status(status: Callable[[str, Host], Any], name: str, host: Host) -> A
 
 def fleet_history(fleet: FleetPlan, hosts: dict[str, Host], *,
                   command: str = "dsv4ctl history") -> list[dict[str, Any]]:
-    """Every rollout of the fleet's profile, oldest first: the fleet's journals on the router's
-    host (each host's own releases: ``history --host NAME``)."""
-    on = fleet.router_on or fleet.hosts[0]
-    ops = FleetOps(fleet, hosts, out=lambda _s: None, command=command)
+    """Every run of the fleet's profile, in the order they ran: the fleet's journals on its
+    lock host (each host's own releases: ``history --host NAME``)."""
+    targets = targets_of(fleet)
+    ops = FleetOps(targets, hosts, out=lambda _s: None, command=command)
     try:
-        root = shlex.quote(hosts[on].install_root + "/fleet")
-        prefix = shlex.quote(fleet.profile_name + "-")
-        # one JSON document per line (jq-free): each journal file squeezed onto one line
-        res = ops.remote(on).run(
-            f"cd {root} 2>/dev/null || exit 0; for f in $(ls -1 -- {prefix}*.json 2>/dev/null "
-            "| sort); do tr -d '\\n' < \"$f\"; echo; done", timeout=60)
+        on = targets.lock_on
+        return read_journals(ops.remote(on), hosts[on].install_root, fleet.profile_name)
     finally:
         ops.close()
-    from orchestrator.host_data import fleet_journal
-
-    out = []
-    for n, line in enumerate(res.stdout.splitlines(), 1):
-        # host data (issue 31): a hostile journal crashed `history`; one that is not a fleet
-        # journal is shown as unreadable, the others as they are
-        try:
-            out.append(fleet_journal(line, f"fleet journal {n} on host '{on}'"))
-        except DsvError as exc:
-            out.append({"kind": "unreadable", "started": "?", "exit_code": None,
-                        "stopped_after_wave": None, "reason": exc.message, "outcomes": []})
-    return out

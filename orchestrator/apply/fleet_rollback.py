@@ -19,24 +19,27 @@ it stopped, beside the rollouts' journals.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.apply.fleet_ops import FleetOps, Out, drive
 from orchestrator.errors import DsvError
-from orchestrator.planner_model import FleetPlan
+from orchestrator.planner.targets import Targets
+from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
 
 
 class RollbackOps(FleetOps):
-    """:class:`~orchestrator.apply.rollout.HostOps` of a fleet rollback over SSH."""
+    """:class:`~orchestrator.apply.rollout.HostOps` of a rollback over SSH."""
 
     kind = "rollback"
 
-    def __init__(self, fleet: FleetPlan, hosts: dict[str, Host], *, out: Out, command: str,
+    def __init__(self, targets: Targets, hosts: Mapping[str, Host],
+                 plans: Mapping[str, Plan] | None = None, *, out: Out, command: str,
                  release: str | None = None, connect: Any = None) -> None:
-        super().__init__(fleet, hosts, out=out, command=command, connect=connect)
+        super().__init__(targets, hosts, plans, out=out, command=command, connect=connect)
         self.release = release  # one host's explicit target
-        self.targets: dict[str, str] = {}
+        self.targets_of: dict[str, str] = {}
 
     def prepare(self, host: str) -> bool:
         from orchestrator.release.record import rollback_target
@@ -55,13 +58,21 @@ class RollbackOps(FleetOps):
             if found is None:
                 raise DsvError(f"no previous release on host '{host}': no healthy release "
                                f"before {current or 'none'} to go back to",
-                               fix=f"see `dsv4ctl history --host {host}`; roll the other hosts "
-                                   "back one by one with --host NAME")
+                               fix=f"see `dsv4ctl history --host {host}`"
+                                   + ("" if self.targets.single else
+                                      "; roll the other hosts back one by one with --host NAME"))
             target = found
         with self._lock:
-            self.targets[host] = target
-        self.out(f"[{host}] {current or 'no release'} -> {target}")
+            self.targets_of[host] = target
+        if target == current:
+            self.say(host)(f"{target} is already current; re-verifying and restarting what is "
+                           "not running")
+        elif not self.targets.single:
+            self.say(host)(f"{current or 'no release'} -> {target}")
         return True
+
+    def check(self) -> None:
+        return None  # a rollback's target is read from the host, under its lock
 
     def cancel(self, host: str, why: str) -> str | None:
         return None  # nothing was prepared on the host: its rollback had not started
@@ -70,33 +81,34 @@ class RollbackOps(FleetOps):
         from orchestrator.apply import rollback
         from orchestrator.apply.executor import raise_for
 
-        target = self.targets[host]
-        res = rollback(host, self.hosts[host], target,
-                       out=lambda line: self.out(f"[{host}] {line}"), command=self.command)
+        target = self.targets_of[host]
+        res = rollback(host, self.hosts[host], target, out=self.say(host), command=self.command,
+                       remote=self.remote(host))
+        self.results[host] = res
         self.releases[host] = res.rolled_back_to
         if res.status != "healthy":
             raise_for(res)
 
 
-def rollback_fleet(fleet: FleetPlan, hosts: dict[str, Host], strategy: Any, *, out: Out,
-                   command: str, only: str | None = None, release: str | None = None
-                   ) -> tuple[Any, str]:
-    """Every host of ``fleet`` (or ``only`` that one) back to its previous release (or
-    ``release``, with ``only``), wave by wave behind the router under the fleet lock; returns
-    the result and where its journal was written."""
+def rollback_fleet(targets: Targets, hosts: Mapping[str, Host], plans: Mapping[str, Plan],
+                   strategy: Any, *, out: Out, command: str, release: str | None = None
+                   ) -> tuple[Any, FleetOps, str | None]:
+    """Every target host back to its previous release (or ``release``, for one host), wave by
+    wave behind the router (where one fronts the engines) under the fleet lock; returns the
+    result, the ops (each host's own result) and where the fleet's journal was written."""
+    check_release(targets, release)
+    ops = RollbackOps(targets, hosts, plans, out=out, command=command, release=release)
+    result, where = drive(ops, strategy, out=out)
+    return result, ops, where
 
-    names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-    if only is not None and only not in names:
-        raise DsvError(f"host '{only}' is not a host of fleet {fleet.profile_name} "
-                       f"(its hosts: {', '.join(names)})",
-                       fix="pass --host with one of those names, or leave it out to roll the "
-                           "whole fleet back")
-    if release is not None and only is None:
+
+def check_release(targets: Targets, release: str | None) -> None:
+    """An explicit RELEASE names one host's release: refused for more than one host, before
+    anything is asked or touched."""
+    if release is not None and len(targets.moved) != 1:
         raise DsvError(f"release {release!r} names one host's release (release ids differ from "
-                       "host to host), but no --host was given",
+                       "host to host), but no --host was given" if not targets.selected else
+                       f"release {release!r} names one host's release, but --host selects "
+                       f"{len(targets.moved)} hosts ({', '.join(targets.moved)})",
                        fix="pass --host NAME with it, or leave RELEASE out to send every host "
                            "back to its own previous release")
-    engines = [h for h in fleet.hosts if only is None or h == only]
-    router = fleet.router_only_host if only in (None, fleet.router_only_host) else None
-    ops = RollbackOps(fleet, hosts, out=out, command=command, release=release)
-    return drive(ops, engines, strategy, router_host=router, out=out)

@@ -278,20 +278,23 @@ def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
     """At the start of every apply and rollback, under the lock: a record still "applying" was
     left by a run that was lost (killed, or its host connection dropped for good), since no other
     run can hold the lock. Mark it interrupted with what is known - the step it was in, whether
-    ``current`` points at it - so the journal never stays "applying" (issue 20 #7). ``records``
-    and ``current``: as just read under the lock (read here when not given). Returns the records
-    as they are now on the host."""
+    ``current`` points at it - so the journal never stays "applying" (issue 20 #7); steps left
+    "running" by a lost rollback are marked the same way. A record the host could not take was
+    kept on the controller with its final status and cause: it is put back first, so the host
+    tells the real error, not "the run was lost". ``records`` and ``current``: as just read under
+    the lock (read here when not given). Returns the records as they are now on the host."""
     if records is None:
         current, records = ctx.store.current(), ctx.store.read_records()
     out = []
     for rec in records:
         out.append(rec)
-        if rec.status != "applying":
-            continue
-        t = stamp(ctx.now())
+        lost = [e for e in rec.journal if e.result == "running"]
         # the controller's own name for the host, never the record's (issue 31: a record's
         # host '../../x' made the controller write, read and delete outside its state directory)
         saved = _local_record(ctx.host_name, rec.id)
+        if rec.status != "applying" and not lost and saved is None:
+            continue
+        t = stamp(ctx.now())
         if saved is not None and saved.status != "applying":
             # the run was not lost: it finished, but the host could not take its record
             saved.events.append(Event(time=t, kind="reconciled", detail=(
@@ -306,6 +309,8 @@ def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
             ctx.out(f"  {rec.id}: its record ({saved.status}) was put back from the controller")
             out[-1] = saved
             continue
+        if saved is not None:  # a record kept "applying" by an older dsv4ctl: no outcome in it
+            local_record_path(ctx.host_name, rec.id).unlink(missing_ok=True)
         running = [e.step for e in rec.journal if e.result == "running"]
         for e in rec.journal:
             if e.result == "running":
@@ -314,6 +319,18 @@ def reconcile(ctx: Context, records: list[ReleaseRecord] | None = None,
         last = running[-1] if running else (rec.journal[-1].step if rec.journal else "none")
         serving = ("current points at it (it was switched to but never proven healthy)"
                    if current == rec.id else f"current is {current or 'none'}")
+        if rec.status != "applying":
+            # a rollback to this release was lost mid-way: its steps say so, its status (what
+            # the release was before that rollback) is not the lost run's to change
+            rec.events.append(Event(time=t, kind="reconciled", result="failed",
+                                    detail=f"a run was lost at step {last}; {serving}"))
+            try:
+                ctx.store.write_record(rec)
+            except DsvError as exc:
+                ctx.out(f"  (could not mark the lost steps of {rec.id}: {exc.message})")
+                continue
+            ctx.out(f"  {rec.id}: the run at its step {last} was lost; its steps say so")
+            continue
         rec.status = "interrupted"
         rec.events.append(Event(time=t, kind="reconciled", result="failed",
                                 detail=f"found 'applying' with no run holding the lock; last "

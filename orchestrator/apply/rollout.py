@@ -66,6 +66,8 @@ class HostOps(Protocol):
     def drain(self, host: str, timeout_s: float) -> bool: ...  # True: drained to zero
     def switch(self, host: str) -> None: ...  # single-host apply; raises ApplyFailed
     def restore(self, host: str) -> None: ...  # back into the router, verified through it
+    # after a wave moved and is back (health and smoke passed): a reason to stop, or None
+    def verify_wave(self, hosts: list[str]) -> str | None: ...
 
 
 @dataclass
@@ -86,6 +88,9 @@ class RolloutResult:
     wave_s: list[float] = field(default_factory=list)
     stopped_after: int | None = None  # index of the wave after which the rollout stopped
     reason: str = ""
+    # the error that failed each host's prepare or move, as raised (a run of one host reports
+    # it as the single host always did: its exit code, its fix)
+    errors: dict[str, DsvError] = field(default_factory=dict, repr=False)
 
     @property
     def failed(self) -> list[HostOutcome]:
@@ -117,11 +122,23 @@ def waves(hosts: list[str], strategy: Strategy) -> list[list[str]]:
     return plan_waves(hosts, strategy.canary, strategy.max_unavailable)
 
 
+def _each(pool: ThreadPoolExecutor, fn: Callable[[str], None], hosts: list[str]) -> None:
+    """``fn`` for every host, in parallel; one host runs in the calling thread, so that Ctrl-C
+    reaches its steps (the executor's restore defers a second one only in the main thread)."""
+    if len(hosts) == 1:
+        fn(hosts[0])
+    else:
+        list(pool.map(fn, hosts))
+
+
 def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
-                router_host: str | None = None, out: Callable[[str], None] = lambda _s: None,
+                router_host: str | None = None, drain: bool = True,
+                out: Callable[[str], None] = lambda _s: None,
                 sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.perf_counter) -> RolloutResult:
-    """Roll the fleet ``hosts`` (engine hosts in rollout order) and then ``router_host``."""
+    """Roll the fleet ``hosts`` (engine hosts in rollout order) and then ``router_host``.
+    ``drain``: a router fronts the engine hosts (each is drained before its move and put back
+    after it); the fleet of one carrying its own router is not."""
     plan = waves(hosts, strategy)
     if router_host is not None:
         plan.append([router_host])
@@ -140,8 +157,9 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
                 changed[h] = ops.prepare(h)
             except DsvError as exc:
                 errors[h] = exc.message
+                result.errors[h] = exc
 
-        list(pool.map(prep, every))
+        _each(pool, prep, every)
         result.prepare_s = clock() - t0
         if errors:
             for h, msg in errors.items():
@@ -162,8 +180,8 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
             for h in wave:
                 if not changed.get(h):
                     result.outcomes[h].state = "unchanged"
-            list(pool.map(lambda h: _one_host(h, ops, strategy, result.outcomes[h], clock,
-                                              drain=h != router_host), todo))
+            _each(pool, lambda h: _one_host(h, ops, strategy, result, clock,
+                                            drain=drain and h != router_host), todo)
             result.wave_s.append(clock() - w0)
             bad = [h for h in wave if result.outcomes[h].state != "moved"
                    and result.outcomes[h].state != "unchanged"]
@@ -172,6 +190,13 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
             out(f"{kind}: {', '.join(wave)}: " + ", ".join(
                 f"{h} {result.outcomes[h].state}" for h in wave)
                 + f" ({result.wave_s[-1]:.2f}s)")
+            gate = ops.verify_wave(todo) if todo and not bad else None
+            if gate is not None:
+                result.stopped_after = i
+                result.reason = f"after {kind} ({', '.join(todo)}): {gate}; the rollout stopped"
+                _cancel([h for w in plan[i + 1:] for h in w if changed.get(h)], ops, result,
+                        pool)
+                return result
             if bad and ((i == 0 and strategy.canary) or failures > strategy.max_failures):
                 result.stopped_after = i
                 result.reason = (f"{'the canary' if i == 0 and strategy.canary else 'wave'} "
@@ -198,13 +223,14 @@ def _cancel(hosts: list[str], ops: HostOps, result: RolloutResult,
         except DsvError as exc:
             o.message = f"{o.message + '; ' if o.message else ''}cancelling it: {exc.message}"
 
-    list(pool.map(one, hosts))
+    _each(pool, one, hosts)
 
 
-def _one_host(host: str, ops: HostOps, strategy: Strategy, o: HostOutcome,
+def _one_host(host: str, ops: HostOps, strategy: Strategy, result: RolloutResult,
               clock: Callable[[], float], *, drain: bool) -> None:
     """Drain, switch, put back. Whatever the switch did, a host that serves (the new release,
     its restored old one, or the old one untouched) goes back into the router."""
+    o = result.outcomes[host]
     t0 = clock()
     try:
         if drain:
@@ -219,8 +245,10 @@ def _one_host(host: str, ops: HostOps, strategy: Strategy, o: HostOutcome,
             except ApplyFailed as exc:
                 o.state = "rolled_back" if exc.rolled_back else "rollback_failed"
                 o.message = exc.message
+                result.errors[host] = exc
             except DsvError as exc:  # refused before anything changed (lock, stale, upload)
                 o.state, o.message = "failed", exc.message
+                result.errors[host] = exc
         if drain and o.state != "rollback_failed":
             try:
                 ops.restore(host)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.apply_cmd import _echo, _inventory_opt, accept_new_host_key_opt, resolve_host
+from orchestrator.cli.common import accept_new_host_key_opt, resolve_host, say
 from orchestrator.cli.options import (
     deprecated_host_operand,
     host_option,
+    inventory_option,
     profile_option,
     verbose_option,
 )
@@ -30,7 +31,7 @@ from orchestrator.errors import DsvError
 @click.option("--role", type=click.Choice(["engine", "prefill", "decode"]), default=None,
               help="The role that wrote the log (needed when the profile has two).")
 @profile_option()
-@_inventory_opt
+@inventory_option()
 @click.option("--reset", is_flag=True,
               help="Remove the host's calibration (<install_root>/calibration.json): plans then "
                    "use the model alone until the next apply measures again.")
@@ -58,7 +59,7 @@ def calibrate(host_name: str | None, log_file: Path | None, role: str | None,
             raise DsvError("--reset and --from-log together", fix="pass one of them")
         name, host = resolve_host(profile_path, inventory, host_name)
         removed = measure.reset(name, host)
-        _echo(f"host {name}: calibration " + ("removed; plans use the model alone" if removed
+        say(f"host {name}: calibration " + ("removed; plans use the model alone" if removed
                                               else "was not set; nothing to remove"))
         return 0
     if log_file is None:
@@ -66,7 +67,7 @@ def calibrate(host_name: str | None, log_file: Path | None, role: str | None,
     _, line = measure.calibrate_from_log(
         profile_path, inventory, host_name, read_file(log_file), where=str(log_file), role=role,
         now=stamp(datetime.now(UTC)))
-    _echo(line)
+    say(line)
     return 0
 
 

@@ -1,178 +1,312 @@
-"""The fleet side of `dsv4ctl apply`, `rollback`, `status` and `history` (issue 23): a profile
-whose ``hosts:`` names a group is applied, rolled back and shown as a fleet.
+"""The CLI side of the driver: what `dsv4ctl apply`, `rollback` and `unlock` run on, one host or
+many, and how a run's end is printed.
 
-Thin adapters over :mod:`orchestrator.apply.fleet_ops` (rollout, status, history) and
-:mod:`orchestrator.apply.fleet_rollback`: find the fleet, call the library, print its outcome and
-map it to the documented exit codes. The commands themselves are in :mod:`.apply_cmd`.
+Finds the run's targets once (:func:`orchestrator.planner.targets.resolve_targets`: the hosts,
+the router, what ``--host`` selects) from a profile or a saved plan, probes the hosts the run
+needs (keeping each probe's connection for the run: one SSH connection per host), shows the plan,
+asks once (naming every host a secrets rotation restarts), then prints the outcome: the fleet of
+one as the single host always printed it (its own result, its exit code), a fleet as its hosts'
+outcomes and its journal. The commands themselves are in :mod:`.apply_cmd`; shared helpers in
+:mod:`.common`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.apply_cmd import _command_line, _confirm, _echo, _is_plan_file
+from orchestrator.cli.common import command_line, confirm, is_plan_file, print_result, say
 from orchestrator.cli.output import chosen_format, echo
 from orchestrator.errors import DsvError
+from orchestrator.planner.targets import Targets
 
 
 def strategy_of(profile: Any) -> Any:
-    """``rollout.strategy`` of the profile as the rollout engine's Strategy."""
+    """``rollout.strategy`` of the profile as the rollout engine's Strategy (the defaults for a
+    host named without a profile: one host, one wave)."""
     from orchestrator.apply.rollout import Strategy
 
+    if profile is None:
+        return Strategy()
     s = profile.rollout.strategy
     return Strategy(canary=s.canary, max_unavailable=s.max_unavailable,
                     max_failures=s.max_failures, pause_s=s.pause_s,
                     drain_timeout_s=s.drain_timeout_s)
 
 
-def fleet_source(path: Path, inventory: Path | None, host_name: str | None
-                  ) -> tuple[Any, dict[str, Any], Any, bool] | None:
-    """(fleet plan, hosts, profile, saved) when ``path`` is a fleet's profile (applied as a
-    fleet unless ``--host`` names one host) or a saved fleet plan; None for one host."""
+def _groups(inv_path: Path | None) -> dict[str, list[str]]:
+    """The inventory's groups and their members, for ``--host GROUP``."""
+    if inv_path is None:
+        return {}
+    from orchestrator.profile import load_inventory
+
+    return {g: list(grp.members) for g, grp in load_inventory(inv_path).groups.items()}
+
+
+@dataclass
+class Run:
+    """What one apply runs on: the targets, their hosts and plans, the profile (its strategy)
+    and the connections the probe left open (the driver's from here on)."""
+
+    targets: Targets
+    hosts: dict[str, Any]
+    plans: dict[str, Any]
+    profile: Any
+    saved: bool
+    fleet: Any = None  # the FleetPlan shown (the moved hosts' plans)
+    remotes: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Close the probe's connections when the run does not start (an error, a "no")."""
+        for r in self.remotes.values():
+            with contextlib.suppress(Exception):  # best effort: the error shown is the cause
+                r.close()
+        self.remotes.clear()
+
+
+def _saved_run(path: Path, inventory: Path | None, selector: str | None) -> Run:
+    """A saved plan: one host's (its own host, or --host) or a fleet's (narrowed by --host)."""
     import json
 
-    if _is_plan_file(path):
-        try:
-            kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            return None  # load_plan reports what is wrong with it
-        if kind != "fleet":
-            return None
-        from orchestrator.apply.context import profile_from_plan
-        from orchestrator.planner.build import inventory_path_for, load_fleet_plan
-        from orchestrator.profile import load_inventory
+    from orchestrator.apply.context import profile_from_plan
+    from orchestrator.planner.build import inventory_path_for, load_fleet_plan, load_plan
 
-        fleet = load_fleet_plan(path)
-        inv_path = inventory_path_for(None, inventory)
-        if inv_path is None:
-            raise DsvError("a saved fleet plan needs the inventory of its hosts",
-                           fix="pass --inventory PATH (or set DSV4CTL_INVENTORY)")
-        every = load_inventory(inv_path).all_hosts()
-        names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-        missing = [n for n in names if n not in every]
-        if missing:
-            raise DsvError(f"the fleet plan names host(s) {', '.join(missing)} that the inventory "
-                           "does not declare", fix="apply it with the inventory it was made with")
-        return fleet, {n: every[n] for n in names}, profile_from_plan(fleet.plans[0]), True
+    try:
+        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None  # load_plan reports what is wrong with it
+    if kind != "fleet":
+        from orchestrator.cli.common import resolve_host
+        from orchestrator.planner.targets import one_host
+
+        plan = load_plan(path)
+        name, host = resolve_host(None, inventory, selector or plan.host)
+        return Run(one_host(name, plan.profile_name), {name: host}, {name: plan},
+                   profile_from_plan(plan), True)
+    from orchestrator.apply.fleet_ops import targets_of
+    from orchestrator.profile import load_inventory
+
+    fleet = load_fleet_plan(path)
+    inv_path = inventory_path_for(None, inventory)
+    if inv_path is None:
+        raise DsvError("a saved fleet plan needs the inventory of its hosts",
+                       fix="pass --inventory PATH (or set DSV4CTL_INVENTORY)")
+    every = load_inventory(inv_path).all_hosts()
+    names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
+    missing = [n for n in names if n not in every]
+    if missing:
+        raise DsvError(f"the fleet plan names host(s) {', '.join(missing)} that the inventory "
+                       "does not declare", fix="apply it with the inventory it was made with")
+    targets = targets_of(fleet, selector=selector, groups=_groups(inv_path))
+    return Run(targets, {n: every[n] for n in names}, {p.host: p for p in fleet.plans},
+               profile_from_plan(fleet.plans[0]), True, fleet=fleet)
+
+
+def planned_run(path: Path, inventory: Path | None, selector: str | None) -> Run:
+    """The run of `dsv4ctl apply SOURCE [--host NAME]`: a saved plan as saved, or the profile
+    planned now against the live hosts the run touches (each probed over the connection the
+    run then uses), the plan shown as `plan` shows it."""
     from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
+    from orchestrator.planner.targets import one_host, resolve_targets
 
-    fctx = load_fleet(path, inventory, host_override=host_name)
-    if not fctx.is_fleet or fctx.focus:
-        return None
-    from orchestrator.planner.fleet_report import render_fleet_text
-    from orchestrator.remote import gather_facts
+    if is_plan_file(path):
+        return _saved_run(path, inventory, selector)
+    fctx = load_fleet(path, inventory)
+    if fctx.profile.hosts is None and selector is not None:
+        # one host's profile: --host names the host it goes to (a group: the profile on it)
+        fctx = load_fleet(path, inventory, host_override=selector)
+        selector = None
+    if fctx.is_fleet:
+        names = [n for n, _ in fctx.hosts]
+        own = fctx.router_host[0] if fctx.router_host else None
+        targets = resolve_targets(fctx.profile.name, names, fctx.placement.router_on, own,
+                                  selector=selector, groups=_groups(fctx.inventory_path))
+    else:
+        name = fctx.hosts[0][0]
+        targets = one_host(name, fctx.profile.name,
+                           router=fctx.placement.router_on is not None)
+    hosts = dict(fctx.all_hosts)
+    # the hosts this run reaches: the moved ones, the router's (to drain through it) and the
+    # fleet lock's; each probe's connection is kept for the run
+    need = list(dict.fromkeys([*targets.moved, *([targets.router_on] if targets.drain and
+                                                 targets.router_on else []), targets.lock_on]))
+    if targets.single:
+        say(f"Probing host '{need[0]}' ({hosts[need[0]].address})...")
+    else:
+        say(f"Probing {len(need)} hosts in parallel ({', '.join(need)})...")
+    from orchestrator.apply import probe_for_apply
 
-    names = [n for n, _ in fctx.all_hosts]
-    _echo(f"Probing {len(names)} hosts in parallel ({', '.join(names)})...")
-    paths, env = [fctx.profile.model.path], fctx.profile.engine.env
-    facts = probe_fleet(fctx, lambda name, host: gather_facts(name, host, model_paths=paths,
-                                                              engine_env=env))
-    fleet = plan_fleet(fctx, facts)
-    echo(render_fleet_text(fleet), nl=False)  # what is about to happen, as `plan` shows it
-    return fleet, dict(fctx.all_hosts), fctx.profile, False
+    remotes: dict[str, Any] = {}
+    guard = threading.Lock()
+    model, env = fctx.profile.model.path, fctx.profile.engine.env
+
+    def gather(name: str, host: Any) -> Any:
+        remote, facts = probe_for_apply(name, host, model, engine_env=env)
+        with guard:
+            remotes[name] = remote
+        return facts
+
+    run = Run(targets, hosts, {}, fctx.profile, False, remotes=remotes)
+    try:
+        facts = probe_fleet(fctx, gather, only=tuple(need))
+        fleet = plan_fleet(fctx, facts)
+        run.plans = {p.host: p for p in fleet.plans}
+        shown = fleet if not targets.selected else fleet.model_copy(
+            update={"plans": [p for p in fleet.plans if p.host in targets.moved]})
+        run.fleet = shown
+        from orchestrator.planner.fleet_report import render_fleet_text
+
+        echo(render_fleet_text(shown), nl=False)  # what is about to happen, as `plan` shows it
+        return run
+    except BaseException:
+        run.close()
+        raise
 
 
-def apply_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, saved: bool, *,
-                 yes: bool) -> int:
-    """A fleet's rolling/canary apply (issue 23): orchestrator.apply.rollout over every host."""
-    from orchestrator.apply.fleet_ops import apply_fleet as roll_out
+def confirm_apply(run: Run, yes: bool) -> None:
+    """Refuse a plan with errors; ask once before changing a host: when the plan has changes,
+    and when a secret's value differs from the one a host's running roles read, which no plan
+    can show (values never enter it) — that restarts every running role there, so the question
+    names each such host."""
+    moved = [run.plans[h] for h in run.targets.moved]
+    errors = [c for p in moved for c in p.errors]
+    if run.fleet is not None and not run.targets.single:
+        errors += [c for c in run.fleet.checks if c.severity == "error" and not c.acknowledged]
+    # a saved plan of one host with errors is refused by its preflight, as it always was
+    if errors and not (run.saved and run.targets.single):
+        failed = [p.host for p in moved if p.errors]
+        raise DsvError("the plan has errors" + (f" ({', '.join(failed)})" if failed and not
+                                                run.targets.single else "")
+                       + "; nothing was applied",
+                       fix="fix the profile; `dsv4ctl plan` shows the checks")
+    if yes:
+        return
+    from orchestrator.apply import secrets_would_restart
 
-    if fleet.errors:
-        raise DsvError(f"the fleet plan has errors ({', '.join(fleet.failed_hosts) or 'fleet'}); "
-                       "nothing was applied", fix="`dsv4ctl plan` shows each host's checks")
-    s = profile.rollout.strategy
-    strategy = strategy_of(profile)
-    every = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-    if fleet.has_changes and not yes:
-        _confirm("apply", f"Roll {fleet.profile_name} out to {len(every)} hosts (canary "
-                          f"{s.canary}, then {s.max_unavailable} at a time)?")
-    _echo(f"Rolling {fleet.profile_name} out to {', '.join(every)} (canary {s.canary}, "
-          f"max_unavailable {s.max_unavailable}, max_failures {s.max_failures})")
-    result, where = roll_out(fleet, hosts, strategy, out=_echo, command=_command_line(),
-                                saved=saved)
-    moved = _finish(result, where, f"rollout of {fleet.profile_name}",
-                    "hosts not reached still serve their previous release")
-    _echo(f"Rollout complete: {moved} host(s) moved, "
-          f"{sum(o.state == 'unchanged' for o in result.outcomes.values())} unchanged.")
-    return 0
+    rotate = [p.host for p in moved if p.host in run.remotes and
+              secrets_would_restart(p, run.hosts[p.host], run.remotes[p.host])]
+    changes = any(p.actions for p in moved)
+    if not changes and not rotate:
+        return
+    restarts = sorted({r for p in moved for r in p.restarts})
+    if run.targets.single:
+        what = f"Apply {moved[0].profile_name} to host '{moved[0].host}'"
+        tail = f"; restarts {', '.join(restarts)} (model reload)" if restarts else ""
+        if rotate:
+            echo("Secrets: a value differs from the one the host's running roles read (values "
+                 "not shown); every running role restarts at the switch (model reload).")
+            tail += "; restarts every running role for the changed secrets"
+        confirm("apply", what + tail + "?")
+        return
+    s = run.profile.rollout.strategy
+    tail = ""
+    if rotate:
+        echo(f"Secrets: a value differs from the one the running roles read on "
+             f"{', '.join(rotate)} (values not shown); every running role there restarts at its "
+             "switch (model reload).")
+        tail = f"; restarts every running role on {', '.join(rotate)} for the changed secrets"
+    confirm("apply", f"Roll {run.targets.profile_name} out to {run.targets.describe()} (canary "
+                     f"{s.canary}, then {s.max_unavailable} at a time){tail}?")
 
 
-def _finish(result: Any, where: str, what: str, not_reached: str) -> int:
-    """Print a fleet run's outcomes and where its journal is; raise the stop (its exit code) or
-    return how many hosts moved."""
+def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) -> int:
+    """Print a run's end. The fleet of one: its host's own result, as the single host always
+    printed it (its exit code, its fix). A fleet: each host's outcome, where the journal is, and
+    the stop (its exit code)."""
     from orchestrator.apply.rollout import RolloutStopped
 
-    _echo("")
-    _outcomes(result)
-    _echo(f"The fleet's journal is {where}.")
+    t = ops.targets
+    if t.single:
+        host = t.moved[0]
+        if host in result.errors and host not in ops.results:
+            raise result.errors[host]  # refused before its move began (lock, stale, no release)
+        res = ops.results.get(host)
+        if res is None:  # the rollout engine stopped it without a result of its own
+            raise result.errors.get(host) or DsvError(result.reason or "the run stopped")
+        if verb == "Rollback" and res.status == "healthy":
+            say(res.message)
+            return 0
+        print_result(res, verb)
+        return 0
+    say("")
+    for o in result.outcomes.values():
+        drained = "" if o.drained is None else (", drained" if o.drained else ", drain timed out")
+        say(f"  {o.host:<16} wave {o.wave + 1}: {o.state}{drained}"
+            + (f" - {o.message}" if o.message else ""))
+    if where is not None:
+        say(f"The fleet's journal is {where}.")
     if result.exit_code:
+        kept = ("hosts not reached still serve their previous release" if verb == "Apply" else
+                "hosts not reached still serve the release they served")
         raise RolloutStopped(f"{what} stopped: {result.reason}", exit_code=result.exit_code,
-                             fix=f"see each host's journal (dsv4ctl history --host NAME); "
-                                 f"{not_reached}")
-    return sum(o.state == "moved" for o in result.outcomes.values())
-
-
-def rollback_fleet(fleet: Any, hosts: dict[str, Any], profile: Any, *, only: str | None,
-                   release: str | None, yes: bool) -> int:
-    """`rollback -p FLEET-PROFILE [--host NAME] [RELEASE]`: the fleet (or one host) back to its
-    previous release, wave by wave behind the router (orchestrator.apply.fleet_rollback)."""
-    from orchestrator.apply.fleet_rollback import rollback_fleet as roll_back
-
-    names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-    which = f"host '{only}'" if only else f"{len(names)} hosts ({', '.join(names)})"
-    target = f"release {release}" if release else "its previous healthy release"
-    if not yes:
-        _confirm("rollback", f"Roll {fleet.profile_name}'s {which} back to {target}, draining "
-                             "each through the router?")
-    _echo(f"Rolling {fleet.profile_name} back on {which} to {target}")
-    result, where = roll_back(fleet, hosts, strategy_of(profile), out=_echo,
-                              command=_command_line(), only=only, release=release)
-    moved = _finish(result, where, f"rollback of {fleet.profile_name}",
-                    "hosts not reached still serve the release they served")
-    _echo(f"Rollback complete: {moved} host(s) back on their previous release.")
+                             fix=f"see each host's journal (dsv4ctl history --host NAME); {kept}")
+    moved = sum(o.state == "moved" for o in result.outcomes.values())
+    if verb == "Apply":
+        say(f"Rollout complete: {moved} host(s) moved, "
+            f"{sum(o.state == 'unchanged' for o in result.outcomes.values())} unchanged.")
+    else:
+        say(f"Rollback complete: {moved} host(s) back on their previous release.")
     return 0
 
 
-def _outcomes(result: Any) -> None:
-    for o in result.outcomes.values():
-        drained = "" if o.drained is None else (", drained" if o.drained else ", drain timed out")
-        _echo(f"  {o.host:<16} wave {o.wave + 1}: {o.state}{drained}"
-              + (f" - {o.message}" if o.message else ""))
+def rollback_run(profile_path: Path | None, inventory: Path | None, selector: str | None
+                 ) -> tuple[Targets, dict[str, Any], dict[str, Any], Any]:
+    """(targets, hosts, plans, profile) of `dsv4ctl rollback`: a fleet's profile (narrowed by
+    --host), one host's profile, or a host named alone (no fleet known: its host lock only)."""
+    from orchestrator.cli.common import resolve_host
+    from orchestrator.planner.targets import one_host
+
+    if profile_path is not None:
+        from orchestrator.apply.fleet_ops import targets_of
+        from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+        fctx = load_fleet(profile_path, inventory)
+        if fctx.is_fleet:
+            fleet = plan_fleet(fctx)
+            targets = targets_of(fleet, selector=selector, groups=_groups(fctx.inventory_path))
+            return targets, dict(fctx.all_hosts), {p.host: p for p in fleet.plans}, fctx.profile
+        name, host = resolve_host(profile_path, inventory, selector)
+        return one_host(name, fctx.profile.name), {name: host}, {}, fctx.profile
+    name, host = resolve_host(None, inventory, selector)
+    return one_host(name), {name: host}, {}, None
 
 
-def fleet_status(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
+def fleet_status(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
     """`status --profile FLEET`: per host its release, health and router membership, and where
     the last rollout stopped. Exit 0 only when every host is healthy and in the router."""
     import json
 
-    from orchestrator.apply import status as get_status
     from orchestrator.apply.fleet_ops import fleet_status as read_status
+    from orchestrator.apply.status import status as get_status
 
-    st = read_status(fleet, hosts, status=get_status, command=_command_line())
+    st = read_status(fleet, dict(hosts), status=get_status, command=command_line())
     ok = st["router_answers"] and all(
         r["healthy"] and r["in_router"] is not False for r in st["hosts"])
     if fmt == "json":
         echo(json.dumps(st, indent=2), raw=True)
         return 0 if ok else 1
-    _echo(f"fleet {st['profile']}: router on {st['router_on']}"
-          + ("" if st["router_answers"] else " (does not answer its worker API)"))
+    say(f"fleet {st['profile']}: router on {st['router_on']}"
+        + ("" if st["router_answers"] else " (does not answer its worker API)"))
     for r in st["hosts"]:
         member = {True: "in router", False: "NOT in router", None: ""}[r["in_router"]]
         health = "healthy" if r["healthy"] else "NOT healthy"
         current = (r["current"] or "no release") + (
             f" ({r['current_status']})" if r["current_status"] not in (None, "healthy") else "")
-        _echo(f"  {r['host']:<16} {r['role']:<7} {current:<34} {health:<12} {member}"
-              + (f"  (locked by {r['locked_by']})" if r.get("locked_by") else "")
-              + (f"  ({r['error']})" if r["error"] else ""))
+        say(f"  {r['host']:<16} {r['role']:<7} {current:<34} {health:<12} {member}"
+            + (f"  (locked by {r['locked_by']})" if r.get("locked_by") else "")
+            + (f"  ({r['error']})" if r["error"] else ""))
     if st.get("in_progress"):
-        _echo(f"a rollout or rollback is running now (fleet lock held by {st['in_progress']})")
+        say(f"a rollout or rollback is running now (fleet lock held by {st['in_progress']})")
     if st["last_rollout"]:
         _rollout_lines(st["last_rollout"], "last ")
     return 0 if ok else 1
 
 
-def fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
+def fleet_history(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
     """`history --profile FLEET`: every rollout and fleet rollback, oldest first: which hosts
     moved (to which release), which were rolled back, cancelled or not reached, where it
     stopped."""
@@ -180,12 +314,12 @@ def fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
 
     from orchestrator.apply.fleet_ops import fleet_history as read_history
 
-    rollouts = read_history(fleet, hosts, command=_command_line())
+    rollouts = read_history(fleet, dict(hosts), command=command_line())
     if chosen_format(fmt) == "json":
         echo(json.dumps(rollouts, indent=2), raw=True)
         return 0
     if not rollouts:
-        _echo(f"no rollouts of {fleet.profile_name} recorded")
+        say(f"no rollouts of {fleet.profile_name} recorded")
         return 0
     for r in rollouts:
         _rollout_lines(r, "")
@@ -195,17 +329,17 @@ def fleet_history(fleet: Any, hosts: dict[str, Any], fmt: str) -> int:
 def _rollout_lines(r: dict[str, Any], prefix: str) -> None:
     """One fleet journal (a rollout or a fleet rollback): where it stopped, then each host."""
     if r.get("kind") == "unreadable":  # a journal that is not dsv4ctl's (host data, checked)
-        _echo(f"{prefix}unreadable journal: {r.get('reason')}")
+        say(f"{prefix}unreadable journal: {r.get('reason')}")
         return
     stop = r.get("stopped_after_wave")
     where = ("completed" if stop is None else "stopped before the first switch"
              if stop < 0 else f"stopped after wave {stop + 1}")
-    _echo(f"{prefix}{r.get('kind', 'rollout')} {r.get('started')}  exit {r.get('exit_code')}  "
-          f"{where}" + (f": {r.get('reason')}" if stop is not None else ""))
+    say(f"{prefix}{r.get('kind', 'rollout')} {r.get('started')}  exit {r.get('exit_code')}  "
+        f"{where}" + (f": {r.get('reason')}" if stop is not None else ""))
     releases = r.get("releases") or {}
     prepared = r.get("prepared_not_switched") or {}
     for o in r.get("outcomes", []):
         h = o["host"]
         extra = (f" -> {releases[h]}" if releases.get(h) and o["state"] == "moved" else
                  f" ({prepared[h]} prepared, never switched to)" if prepared.get(h) else "")
-        _echo(f"    {h:<16} wave {o['wave'] + 1}: {o['state']}{extra}")
+        say(f"    {h:<16} wave {o['wave'] + 1}: {o['state']}{extra}")

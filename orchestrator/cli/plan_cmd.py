@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.apply_cmd import accept_new_host_key_opt
+from orchestrator.cli.common import accept_new_host_key_opt
 from orchestrator.cli.options import (
     debug_option,
     detail_option,

@@ -281,20 +281,21 @@ def lock_holders(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -
     return parse_lock_holders(res.stdout)
 
 
-def force_unlock(remote: RemoteHost, install_root: str) -> Holder | None:
-    """End the process holding the lock (after the caller showed the holder). Returns the holder.
+def force_unlock(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> Holder | None:
+    """End the process holding the lock ``name`` (the host's, or a fleet's) after the caller
+    showed the holder. Returns the holder.
 
     Only the process the kernel lists as the lock's holder is signalled (and, when it is
     dsv4ctl's own ``flock`` holder, the shell it runs), never a pid from the info file: that file
     is for display, and a stale or planted one named a process that did not hold the lock."""
-    holder = read_holder(remote, install_root)
-    if not is_locked(remote, install_root):
+    holder = read_holder(remote, install_root, name)
+    if not is_locked(remote, install_root, name):
         return holder
-    pids = lock_holders(remote, install_root)
+    pids = lock_holders(remote, install_root, name)
     if not pids:
         raise RemoteError(f"the lock on host '{remote.name}' is held but the kernel's lock table "
                           "names no holder that this user can see",
-                          fix=f"find the process with `fuser {lock_paths(install_root)[0]}` on the "
+                          fix=f"find the process with `fuser {lock_paths(install_root, name)[0]}` on the "
                               "host (as root) and end it")
     if holder is not None and holder.remote_pid is not None and holder.remote_pid not in pids:
         # the info file is not the lock: say so, and end the real holder
@@ -304,11 +305,11 @@ def force_unlock(remote: RemoteHost, install_root: str) -> Holder | None:
         # our own holder is `flock ... sh -c ...`: its child shell goes with it; any other
         # holder is signalled alone, by pid
         remote.run(f"case \"$(tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null)\" in "
-                   f"'flock '*{shlex.quote(LOCK_NAME)}*) pkill -TERM -P {pid} ;; esac; "
+                   f"'flock '*{shlex.quote(name)}*) pkill -TERM -P {pid} ;; esac; "
                    f"kill -TERM {pid}", timeout=30)
     for _ in range(50):
-        if not is_locked(remote, install_root):
-            remote.run(f"rm -f {shlex.quote(lock_paths(install_root)[1])}", timeout=30)
+        if not is_locked(remote, install_root, name):
+            remote.run(f"rm -f {shlex.quote(lock_paths(install_root, name)[1])}", timeout=30)
             return holder
         time.sleep(0.1)
     raise RemoteError(f"the lock holder (pid {', '.join(map(str, pids))}) on host "

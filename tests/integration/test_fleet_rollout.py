@@ -98,9 +98,10 @@ class Fleet:
         return json.loads(self.fakes[host].read(f"{ROOT}/releases/{release}/record.json"))
 
     def journals(self) -> list[dict[str, Any]]:
+        """The fleet's run journals on its lock host, in the order the runs were numbered."""
         h = self.fakes["router-1"]
-        names = h.exec(f"ls -1 {ROOT}/fleet 2>/dev/null").stdout.split()
-        return [json.loads(h.read(f"{ROOT}/fleet/{n}")) for n in sorted(names)]
+        names = h.exec(f"ls -1 {ROOT}/fleet/fleet 2>/dev/null").stdout.split()
+        return [json.loads(h.read(f"{ROOT}/fleet/fleet/{n}")) for n in sorted(names)]
 
     def router_pids(self) -> list[int]:
         """The router processes on router-1 (found in its cgroup: the units' sandbox keeps the

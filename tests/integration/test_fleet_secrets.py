@@ -69,3 +69,46 @@ def test_keyed_fleet_rolls_out_under_load_and_never_shows_the_key(
     for h in (*ENGINES, "router-1"):
         assert KEY not in json.dumps(journal) and KEY not in fleet.fakes[h].exec(
             f"cat {ROOT}/releases/*/record.json").stdout
+
+
+class _Tty:
+    """A person at a terminal who answers ``answer`` to the prompt."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer
+
+
+def test_secrets_only_rotation_asks_first_and_names_the_restarts(
+        fleet: KeyedFleet, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The fleet's profile unchanged, only the key's value rotated on the controller: no plan can
+    show it (values never enter one), but every running role on every host restarts for it. The
+    apply says so and asks once, naming the hosts; "n" changes nothing. Before: a fleet asked
+    only when its plan had changes, so this rotation restarted every host without a prompt."""
+    import sys
+
+    monkeypatch.setenv("ITEST_FLEET_KEY", KEY)
+    before = {h: fleet.current(h) for h in (*ENGINES, "router-1")}
+    monkeypatch.setenv("ITEST_FLEET_KEY", KEY + "-rotated")
+    monkeypatch.setattr(sys, "stdin", _Tty("n\n"))
+    capsys.readouterr()
+    path = fleet.tmp / "profile-v2.yaml"  # the profile the last rollout applied, as it was
+    from orchestrator.cli import main
+
+    rc = main(["apply", str(path), "-i", str(fleet.inventory)])
+    shown = capsys.readouterr()
+    text = " ".join((shown.out + shown.err).split())
+    assert rc == 1, text[-2000:]
+    assert ("Secrets: a value differs from the one the running roles read on gpu-a, gpu-b, "
+            "gpu-c, router-1") in text, text
+    assert "restarts every running role on gpu-a, gpu-b, gpu-c, router-1" in text
+    assert "cancelled at the prompt; nothing was changed" in text
+    assert {h: fleet.current(h) for h in before} == before
+    assert KEY not in text
+    assert fleet.chat_as(KEY) == 200  # still the old key: nothing restarted

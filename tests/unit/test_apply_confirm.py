@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator.apply
+import orchestrator.apply.fleet_ops as fleet_ops
+import orchestrator.apply.fleet_rollback as fleet_rollback
 from orchestrator.cli import main
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import plan_from_paths, save_plan
+from orchestrator.planner.build import save_plan
+from orchestrator.planner.fleet import plan_from_paths
 
 
 class _Tty:
@@ -39,8 +41,8 @@ def _apply(saved_plan: Path, *extra: str) -> int:
 def test_no_at_the_prompt_changes_nothing(saved_plan: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", _Tty("n\n"))
-    monkeypatch.setattr(orchestrator.apply, "apply_plan",
-                        lambda *a, **k: pytest.fail("apply_plan ran after 'n'"))
+    monkeypatch.setattr(fleet_ops, "apply_fleet",
+                        lambda *a, **k: pytest.fail("the driver ran after 'n'"))
     assert _apply(saved_plan) == 1
     err = capsys.readouterr().err
     assert "cancelled at the prompt; nothing was changed" in err
@@ -53,11 +55,11 @@ def test_yes_skips_the_prompt(saved_plan: Path, monkeypatch: pytest.MonkeyPatch)
     class _Done(Exception):
         pass
 
-    def fake_apply(plan, name, host, **kw):
-        called.append(name)
+    def fake_apply(targets, hosts, plans, strategy, **kw):
+        called.extend(targets.moved)
         raise _Done
 
-    monkeypatch.setattr(orchestrator.apply, "apply_plan", fake_apply)
+    monkeypatch.setattr(fleet_ops, "apply_fleet", fake_apply)
     with pytest.raises(_Done):
         _apply(saved_plan, "--yes")
     assert called == ["gpu-host"]
@@ -75,8 +77,8 @@ def test_apply_without_yes_refuses_when_stdin_is_not_a_terminal(
         saved_plan: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", _Pipe())
-    monkeypatch.setattr(orchestrator.apply, "apply_plan",
-                        lambda *a, **k: pytest.fail("apply_plan ran with nobody to confirm"))
+    monkeypatch.setattr(fleet_ops, "apply_fleet",
+                        lambda *a, **k: pytest.fail("the driver ran with nobody to confirm"))
     assert _apply(saved_plan) == 1
     err = capsys.readouterr().err
     assert "stdin is not a terminal; nothing was changed" in err and "--yes" in err
@@ -85,7 +87,7 @@ def test_apply_without_yes_refuses_when_stdin_is_not_a_terminal(
 def test_rollback_without_yes_refuses_when_stdin_is_not_a_terminal(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", _Pipe())
-    monkeypatch.setattr(orchestrator.apply, "rollback",
+    monkeypatch.setattr(fleet_rollback, "rollback_fleet",
                         lambda *a, **k: pytest.fail("rollback ran with nobody to confirm"))
     inv = str(data_dir("profiles") / "inventory.yaml")
     assert main(["rollback", "--host", "gpu-host", "--inventory", inv]) == 1
@@ -96,15 +98,15 @@ def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdin", _Pipe())
     called: list[str | None] = []
 
-    class _Res:
-        status = "healthy"
-        message = "rolled back"
+    from types import SimpleNamespace
 
-    def fake_rollback(name, host, release, **kw):
+    def fake_rollback(targets, hosts, plans, strategy, *, release, **kw):
         called.append(release)
-        return _Res()
+        res = SimpleNamespace(status="healthy", message="rolled back")
+        return (SimpleNamespace(errors={}), SimpleNamespace(targets=targets,
+                                                            results={targets.moved[0]: res}), None)
 
-    monkeypatch.setattr(orchestrator.apply, "rollback", fake_rollback)
+    monkeypatch.setattr(fleet_rollback, "rollback_fleet", fake_rollback)
     inv = str(data_dir("profiles") / "inventory.yaml")
     assert main(["rollback", "r1", "--yes", "--host", "gpu-host", "--inventory", inv]) == 0
     assert called == ["r1"]

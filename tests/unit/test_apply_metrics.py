@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.apply import qualification_line
+from orchestrator.apply.history import qualification_line
 from orchestrator.apply.metrics import operations, publish_textfile, release_metrics, textfile_path
 from orchestrator.errors import RemoteError
 from orchestrator.monitoring.selfmetrics import textfile_for

@@ -135,7 +135,7 @@ def test_plan_host_picks_the_host_and_live_probes_it(monkeypatch: pytest.MonkeyP
 
 
 def test_host_commands_default_to_the_bundled_profile_like_apply() -> None:
-    from orchestrator.cli.apply_cmd import resolve_host
+    from orchestrator.cli.common import resolve_host
 
     name, host = resolve_host(None, None, None)  # was "which host?"
     assert name == "gpu-host" and host.address == "gpu-host.internal"

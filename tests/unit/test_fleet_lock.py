@@ -21,7 +21,7 @@ import pytest
 
 import orchestrator.apply.rollout as rollout
 import orchestrator.remote.connection as connection
-from orchestrator.apply.fleet_ops import FleetOps, apply_fleet, fleet_lock_name
+from orchestrator.apply.fleet_ops import FleetOps, apply_fleet, fleet_lock_name, targets_of
 from orchestrator.apply.rollout import Strategy
 from orchestrator.errors import ExitCode, LockHeld
 from orchestrator.remote.probes import CommandResult
@@ -93,7 +93,7 @@ def fleet() -> Iterator[tuple[Any, dict[str, Any]]]:
     cache.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="fleet-lock-", dir=cache))
     plan = SimpleNamespace(router_on=None, hosts=["gpu-a", "gpu-b"], profile_name="flash",
-                           router_only_host=None)
+                           router_only_host=None, plans=[])
     hosts = {h: SimpleNamespace(install_root=str(root)) for h in plan.hosts}
     try:
         yield plan, hosts
@@ -111,7 +111,8 @@ def test_second_rollout_refused_by_the_fleet_lock(fleet: tuple[Any, dict[str, An
         return remotes[-1]
 
     # the first rollout: holds the fleet lock, as apply_fleet does while its waves run
-    first = FleetOps(plan, hosts, out=lambda _s: None, command="dsv4ctl apply flash.yaml #1",
+    first = FleetOps(targets_of(plan), hosts, out=lambda _s: None,
+                     command="dsv4ctl apply flash.yaml #1",
                      connect=connect)
     first.lock_fleet()
     assert first.fleet_lock.held
@@ -122,10 +123,13 @@ def test_second_rollout_refused_by_the_fleet_lock(fleet: tuple[Any, dict[str, An
     monkeypatch.setattr(connection, "connect", connect)
     started: list[Any] = []
     monkeypatch.setattr(rollout, "run_rollout", lambda *a, **k: started.append(a))
+    # the plans' own checks need no host (and these fakes have no plans to check)
+    monkeypatch.setattr(FleetOps, "check", lambda self: None)
     n_before = len(remotes)
     try:
         with pytest.raises(LockHeld) as exc:
-            apply_fleet(plan, hosts, Strategy(canary=1, max_unavailable=1), out=lambda _s: None,
+            apply_fleet(targets_of(plan), hosts, {}, Strategy(canary=1, max_unavailable=1),
+                        out=lambda _s: None,
                         command="dsv4ctl apply flash.yaml #2", saved=False)
     finally:
         first.close()
@@ -139,7 +143,8 @@ def test_second_rollout_refused_by_the_fleet_lock(fleet: tuple[Any, dict[str, An
     assert [r.name for r in second] == ["gpu-a"]
     assert all("flock" in c or "cat " in c for c in second[0].commands), second[0].commands
     # once the first is done, the fleet can be locked again (the refusal took nothing over)
-    third = FleetOps(plan, hosts, out=lambda _s: None, command="dsv4ctl apply flash.yaml #3",
+    third = FleetOps(targets_of(plan), hosts, out=lambda _s: None,
+                     command="dsv4ctl apply flash.yaml #3",
                      connect=connect)
     try:
         third.lock_fleet()
@@ -152,7 +157,8 @@ def test_concurrent_lock_attempts_one_wins(fleet: tuple[Any, dict[str, Any]]) ->
     """Two rollouts racing for the fleet lock: exactly one holds it, the other is told 5."""
     plan, hosts = fleet
     results: list[Any] = []
-    ops = [FleetOps(plan, hosts, out=lambda _s: None, command=f"dsv4ctl apply #{i}",
+    ops = [FleetOps(targets_of(plan), hosts, out=lambda _s: None,
+                    command=f"dsv4ctl apply #{i}",
                     connect=lambda n, h: LocalRemote(n)) for i in range(2)]
     gate = threading.Barrier(2)
 
@@ -180,7 +186,8 @@ def test_status_names_the_running_rollout(fleet: tuple[Any, dict[str, Any]]) -> 
     from orchestrator.apply.fleet_ops import fleet_status
 
     plan, hosts = fleet
-    first = FleetOps(plan, hosts, out=lambda _s: None, command="dsv4ctl apply flash.yaml #1",
+    first = FleetOps(targets_of(plan), hosts, out=lambda _s: None,
+                     command="dsv4ctl apply flash.yaml #1",
                      connect=lambda n, h: LocalRemote(n))
     first.lock_fleet()
     st_args = {"status": lambda n, h: "not probed in this test"}

@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.apply.fleet_ops import FleetOps
 from orchestrator.errors import RemoteError
+from orchestrator.planner.targets import resolve_targets
 
 
 class Remote:
@@ -24,8 +25,8 @@ class Remote:
 
 
 def ops_with(remote: Remote) -> FleetOps:
-    fleet = SimpleNamespace(router_on=None, hosts=["gpu-a"], profile_name="flash")
-    ops = FleetOps(fleet, {"gpu-a": SimpleNamespace(install_root="/srv/dsv4")},
+    ops = FleetOps(resolve_targets("flash", ["gpu-a", "gpu-b"], None, None),
+                   {"gpu-a": SimpleNamespace(install_root="/srv/dsv4")},
                    out=lambda _s: None, command="dsv4ctl apply", connect=lambda n, h: remote)
     ops.router_up = True
     ops.remote("gpu-a")  # connected at prepare, as the rollout does

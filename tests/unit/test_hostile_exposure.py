@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.exposure import classify_listen
 from orchestrator.paths import data_dir
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 
 PROFILES = data_dir("profiles")
 

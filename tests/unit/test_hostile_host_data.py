@@ -171,7 +171,7 @@ def test_a_hostile_fleet_journal_does_not_crash_history(monkeypatch: pytest.Monk
     from orchestrator.cli.fleet_cmd import _rollout_lines
 
     lines: list[str] = []
-    monkeypatch.setattr("orchestrator.cli.fleet_cmd._echo", lines.append)
+    monkeypatch.setattr("orchestrator.cli.fleet_cmd.say", lines.append)
     _rollout_lines({"kind": "unreadable", "reason": "fleet journal 1 is not valid"}, "")
     assert lines == ["unreadable journal: fleet journal 1 is not valid"]
 

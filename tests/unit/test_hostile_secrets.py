@@ -285,7 +285,7 @@ def test_qualification_sends_the_engine_key(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_status_drift_never_shows_a_secret_flag() -> None:
-    from orchestrator.apply import _server_info_drift
+    from orchestrator.apply.status import _server_info_drift
     from orchestrator.render.argv import engine_argv
 
     profile = _profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X"}})

@@ -172,7 +172,7 @@ def test_a_root_ssh_user_is_a_warning_naming_the_alternative(tmp_path: Path) -> 
     import yaml
 
     from orchestrator.paths import data_dir
-    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.fleet import plan_from_paths
 
     profiles = data_dir("profiles")
     inv = yaml.safe_load((profiles / "inventory.yaml").read_text())

@@ -257,7 +257,7 @@ def test_smoke_generation(resp: Resp, ok: bool, text: str) -> None:
 
 
 def test_server_info_drift() -> None:
-    from orchestrator.apply import _server_info_drift
+    from orchestrator.apply.status import _server_info_drift
     from orchestrator.render.argv import engine_argv
 
     d = dep()

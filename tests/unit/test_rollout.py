@@ -50,6 +50,9 @@ class FakeOps:
             raise ApplyFailed(f"{host} broken", rolled_back=False)
         self.release[host] = "new"
 
+    def verify_wave(self, hosts: list[str]) -> str | None:
+        return None
+
     def restore(self, host: str) -> None:
         self.log("restore", host)
         self.in_router.add(host)

@@ -1,0 +1,192 @@
+"""`dsv4ctl status` of one host: its current release, each role's health, and drift.
+
+Owns the report (:class:`StatusReport`): the release ``current`` points at and its record's
+status, the lock holder, each role's unit as systemd sees it and its health (the same checks the
+apply's wait-for-health runs), the kernels each engine loaded, and drift: the release's files
+against its manifest (read and verified by :class:`~orchestrator.release.store.ReleaseStore`),
+the secrets file and the installed units against the release's, the engine's own view of its
+flags and its KV pool against the plan's.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.profile.inventory import Host
+
+
+@dataclass
+class StatusReport:
+    host: str
+    current: str | None
+    current_status: str | None
+    locked_by: str | None
+    roles: list[tuple[str, bool, str]] = field(default_factory=list)  # (role, ok, message)
+    file_drift: list[str] = field(default_factory=list)
+    profile_drift: list[str] = field(default_factory=list)
+    pool_drift: list[str] = field(default_factory=list)  # live KV pool vs the plan's (issue 22)
+    deployment: str | None = None  # the current release's deployment name
+    metrics: list[Any] = field(default_factory=list)  # ReleaseMetrics from the host's records
+    # what systemd says about each role's unit right now: role, unit, active/sub state, main pid,
+    # restarts (NRestarts), so `status` can be checked against the host (issue 20)
+    units: list[dict[str, Any]] = field(default_factory=list)
+
+    def roles_healthy(self) -> dict[str, dict[str, bool]]:
+        """deployment -> role -> healthy just now, for ``selfmetrics.status_text``."""
+        if self.deployment is None:
+            return {}
+        return {self.deployment: {role: ok for role, ok, _ in self.roles}}
+
+    @property
+    def healthy(self) -> bool:
+        return self.current is not None and all(ok for _, ok, _ in self.roles)
+
+
+def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
+    """Differences between what the profile resolved to and what the engine says it runs."""
+    from orchestrator.render.argv import engine_argv
+    from orchestrator.render.secrets import strip_secret_args
+
+    out = []
+    for key, want in (("served_model_name", dep.served_name), ("model_path", dep.model_path),
+                      ("tp_size", role.tp), ("port", role.port)):
+        have = info.get(key)
+        if have is not None and str(have) != str(want):
+            out.append(f"{role.name}: {key} is {have!r}, the profile says {want!r}")
+    launch = info.get("launch_command")
+    if isinstance(launch, str):
+        words = shlex.split(launch)
+        first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+        # secret flags come from the secrets file, not the release: neither compared nor shown
+        running, wanted = strip_secret_args(dep, words[first:]), engine_argv(dep, role)
+        if running != wanted:
+            extra = sorted(set(running) - set(wanted))[:5]
+            missing = sorted(set(wanted) - set(running))[:5]
+            out.append(f"{role.name}: running command line differs from the release "
+                       f"(only running: {extra or '-'}; only in release: {missing or '-'})")
+    return out
+
+
+def status(host_name: str, host: Host) -> StatusReport:
+    from orchestrator.apply.context import load_release, role_units
+    from orchestrator.apply.kernels_seen import loaded_by_pid
+    from orchestrator.apply.metrics import release_metrics
+    from orchestrator.health import evaluate
+    from orchestrator.release.store import MANIFEST, ReleaseStore
+    from orchestrator.remote.connection import connect
+    from orchestrator.remote.lock import is_locked, read_holder
+    from orchestrator.remote.systemd import ServiceManager
+
+    with connect(host_name, host) as remote:
+        store = ReleaseStore(remote, host.install_root)
+        current = store.current()
+        rep = StatusReport(host=host_name, current=current, current_status=None, locked_by=None)
+        if is_locked(remote, host.install_root):
+            h = read_holder(remote, host.install_root)
+            rep.locked_by = h.describe() if h else "unknown holder"
+        records = store.read_records()
+        rep.metrics = release_metrics(records, current)
+        if current is None:
+            return rep
+        record = next((r for r in records if r.id == current), None)
+        rep.current_status = record.status if record else store.read_record(current).status
+        if rep.current_status == "applying" and rep.locked_by is None:
+            rep.current_status = "interrupted"  # its run was lost (see `history`)
+        _, dep, _ = load_release(store, current)
+        rep.deployment = dep.name
+        svc = ServiceManager(remote, host.scope)
+        units = role_units(dep)
+        http = _authed_http(remote, store, dep)
+        states = svc.show(list(units.values()))
+        for role, unit in units.items():
+            st = states.get(unit)
+            rep.units.append({"role": role, "unit": unit,
+                              "active": f"{st.active}/{st.sub}" if st else "unknown",
+                              "pid": st.main_pid if st else 0,
+                              "restarts": st.restarts if st else 0})
+        if dep.kernels_enabled:
+            engines = {r.name for r in dep.roles}
+            seen = loaded_by_pid(remote, store, dep.install_root,
+                                 {u["role"]: u["pid"] for u in rep.units if u["role"] in engines})
+            for u in rep.units:
+                if u["role"] in seen:
+                    u["kernels"] = seen[u["role"]]
+        report = evaluate(http, dep, states, {})
+        by_role: dict[str, list[Any]] = {}
+        for r in report.results:
+            by_role.setdefault(r.subject, []).append(r)
+        for role, results in by_role.items():
+            bad = [r for r in results if not r.ok]
+            rep.roles.append((role, not bad, "; ".join(f"{r.check}: {r.message}" for r in bad)
+                              or "ready, healthy, serving " + dep.served_name))
+        # files: the release tree against its manifest (someone edited a launch script?)
+        check = store.shell.run(
+            f"cd {shlex.quote(store.path(current))} && python3 -c "
+            + shlex.quote("import json,hashlib,sys\nm=json.load(open('" + MANIFEST + "'))\n"
+                          "for p,v in sorted(m['files'].items()):\n"
+                          "  h=v.get('sha256')\n"
+                          "  try: d=hashlib.sha256(open(p,'rb').read()).hexdigest()\n"
+                          "  except OSError: d=None\n"
+                          "  if h and d!=h: print(p, 'missing' if d is None else 'modified')\n"),
+            timeout=60)
+        rep.file_drift += [line for line in check.stdout.splitlines() if line.strip()]
+        # the secrets file the units read against current's own (the switch copies it)
+        secrets = store.secrets_drift(dep.name, current, bool(dep.secret_names))
+        if secrets:
+            rep.file_drift.append(secrets)
+        # installed unit files against the release's
+        for unit in units.values():
+            res = remote.run(f"cmp -s {shlex.quote(store.path(current, 'units', unit))} "
+                             f"{_unit_file(host.scope, unit)}", timeout=30)
+            if not res.ok:
+                rep.file_drift.append(f"installed unit {unit} differs from the release's")
+        for role in dep.roles:
+            try:
+                resp = http("GET", role.port, "/server_info", timeout=10)
+                info = resp.json() if resp.status == 200 else None
+            except (OSError, ValueError):
+                info = None
+            if isinstance(info, dict):
+                rep.profile_drift += _server_info_drift(role, dep, info)
+                rep.pool_drift += _pool_drift(role.name, info, record)
+    return rep
+
+
+def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:
+    """The live pool (``/server_info``) against the pool the applied plan predicted."""
+    from orchestrator.calibration import POOL_DRIFT_THRESHOLD, drift, server_info_pool
+
+    live, _ = server_info_pool(info)
+    planned = next((m for m in (record.pool if record else []) if m.role == role), None)
+    if live is None or planned is None:
+        return []
+    d = drift(live, planned.predicted_tokens)
+    if abs(d) <= POOL_DRIFT_THRESHOLD:
+        return []
+    return [f"{role}: the engine's KV pool is {live:,} tokens per rank, the plan predicted "
+            f"{planned.predicted_tokens:,} ({d:+.1%}, threshold {POOL_DRIFT_THRESHOLD:.0%}); "
+            "`dsv4ctl plan --live` now calibrates from the measurement"]
+
+
+def _authed_http(remote: Any, store: Any, dep: Any) -> Any:
+    """``remote.http`` with the engine's API key as a bearer token when the release sets one
+    (SGLang answers 401 on /v1/models and /server_info without it); the key is read from the
+    host's secrets file, the controller need not have it."""
+    from orchestrator.remote.connection import listen_http
+    from orchestrator.render.secrets import api_key_names
+
+    eng, rt = api_key_names(dep)
+
+    def bearer(name: str | None) -> dict[str, str] | None:
+        value = store.read_secret(dep.name, name) if name else None
+        return {"Authorization": f"Bearer {value}"} if value else None
+
+    return listen_http(remote.http, dep, bearer(eng), router_headers=bearer(rt))
+
+
+def _unit_file(scope: str, unit: str) -> str:
+    from orchestrator.remote.systemd import unit_dir_expr
+
+    return f"{unit_dir_expr(scope)}/{shlex.quote(unit)}"
