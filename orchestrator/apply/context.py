@@ -256,19 +256,33 @@ def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
     return tree, hashes, manifest_text
 
 
-def engine_http(ctx: Context) -> Callable[..., Any]:
-    """``remote.http``, with ``Authorization: Bearer`` when the profile sets the engine's API key
-    (``secrets: DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models and the generation
-    endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py); the
-    router's port gets the router's key (its own, else the engines'). Sent to the address each
-    port listens on (a fleet's engines: the host's service address)."""
+def engine_client(remote: Any, dep: Deployment | None,
+                  secret: Callable[[str], str | None]) -> Callable[..., Any]:
+    """The one authenticated HTTP client of a deployment's engines and router: ``remote.http``,
+    with ``Authorization: Bearer`` when the deployment sets the engine's API key (``secrets:
+    DSV4_SECRET_API_KEY``): SGLang then answers 401 on /v1/models, /server_info and the
+    generation endpoints (only /health*, /ready*, /metrics* stay open, sglang/srt/utils/auth.py);
+    the router's port gets the router's key (its own, else the engines'). Sent to the address
+    each port listens on (a fleet's engines: the host's service address). ``secret(name)``: the
+    key's value, from the controller (an apply) or the host's secrets file (status, the router
+    of a fleet); each is read once."""
     from orchestrator.remote.connection import listen_http
     from orchestrator.render.secrets import api_key_names
 
-    eng, rt = api_key_names(ctx.deployment)
+    eng, rt = api_key_names(dep)
+    seen: dict[str, str | None] = {}
 
     def bearer(name: str | None) -> dict[str, str] | None:
-        value = ctx.secrets.get(name) if name else None
+        if name is None:
+            return None
+        if name not in seen:
+            seen[name] = secret(name)
+        value = seen[name]
         return {"Authorization": f"Bearer {value}"} if value else None
 
-    return listen_http(ctx.remote.http, ctx.deployment, bearer(eng), router_headers=bearer(rt))
+    return listen_http(remote.http, dep, bearer(eng), router_headers=bearer(rt))
+
+
+def engine_http(ctx: Context) -> Callable[..., Any]:
+    """:func:`engine_client` of an apply or rollback, its keys from the controller's values."""
+    return engine_client(ctx.remote, ctx.deployment, ctx.secrets.get)

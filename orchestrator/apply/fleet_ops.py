@@ -61,7 +61,7 @@ class FleetOps:
         # hosts prepared (release uploaded, host lock held) and not yet switched or cancelled
         self.prepared: dict[str, Any] = {}
         self.cancelled: dict[str, str | None] = {}  # host -> the prepared release not switched
-        self._router_key: str | None = None
+        self._router_http: Any = None  # the router's authenticated client, made once
         self.router_up = False  # set by check_router: False on the first rollout (no router yet)
         self._connect = connect
         self.remotes: dict[str, Any] = dict(remotes or {})
@@ -123,7 +123,11 @@ class FleetOps:
 
     # -- the router ----------------------------------------------------------------------------
     def router(self) -> Any:
-        from orchestrator.remote.connection import listen_http
+        """The router's worker API, through the deployment's one authenticated client (the
+        router's --api-key, which sglang-router 0.3.2 demands on its worker API and generation
+        routes, read once from the router host's 0600 secrets file over SSH, never printed)."""
+        from orchestrator.apply.context import engine_client
+        from orchestrator.release.store import ReleaseStore
         from orchestrator.remote.router_api import RouterApi
 
         plan = self.router_plan
@@ -131,25 +135,12 @@ class FleetOps:
             raise DsvError("the fleet has no router to drain hosts from")
         dep = plan.deployment
         assert dep.router is not None
-        remote = self.remote(plan.host)
-        if self._router_key is None:  # read once; "" when the router has no --api-key
-            self._router_key = self._read_router_key(remote, plan) or ""
-        headers = {"Authorization": f"Bearer {self._router_key}"} if self._router_key else None
-        return RouterApi(listen_http(remote.http, dep, headers), dep.router.port,
-                         name=f"the router on '{plan.host}'")
-
-    def _read_router_key(self, remote: Any, plan: Plan) -> str | None:
-        """The router's --api-key (sglang-router 0.3.2 refuses its worker API and generation
-        routes without it): the router's own secret, else the engines' key it is given, read from
-        the router host's 0600 secrets file over SSH (never printed)."""
-        from orchestrator.release.store import ReleaseStore
-        from orchestrator.render.secrets import api_key_names
-
-        dep = plan.deployment
-        _, name = api_key_names(dep)
-        if name is None:
-            return None
-        return ReleaseStore(remote, self.hosts[plan.host].install_root).read_secret(dep.name, name)
+        if self._router_http is None:
+            remote = self.remote(plan.host)
+            store = ReleaseStore(remote, self.hosts[plan.host].install_root)
+            self._router_http = engine_client(remote, dep,
+                                              lambda name: store.read_secret(dep.name, name))
+        return RouterApi(self._router_http, dep.router.port, name=f"the router on '{plan.host}'")
 
     def _workers(self, host: str) -> list[tuple[str, str, int | None, Any]]:
         """(url, worker type, bootstrap port, role) of every engine of ``host``."""

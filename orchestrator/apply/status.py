@@ -70,7 +70,7 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
 
 
 def status(host_name: str, host: Host) -> StatusReport:
-    from orchestrator.apply.context import load_release, role_units
+    from orchestrator.apply.context import engine_client, load_release, role_units
     from orchestrator.apply.kernels_seen import loaded_by_pid
     from orchestrator.apply.metrics import release_metrics
     from orchestrator.health import evaluate
@@ -98,7 +98,8 @@ def status(host_name: str, host: Host) -> StatusReport:
         rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
-        http = _authed_http(remote, store, dep)
+        # the key from the host's secrets file: the controller need not have it
+        http = engine_client(remote, dep, lambda name: store.read_secret(dep.name, name))
         states = svc.show(list(units.values()))
         for role, unit in units.items():
             st = states.get(unit)
@@ -168,22 +169,6 @@ def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:
     return [f"{role}: the engine's KV pool is {live:,} tokens per rank, the plan predicted "
             f"{planned.predicted_tokens:,} ({d:+.1%}, threshold {POOL_DRIFT_THRESHOLD:.0%}); "
             "`dsv4ctl plan --live` now calibrates from the measurement"]
-
-
-def _authed_http(remote: Any, store: Any, dep: Any) -> Any:
-    """``remote.http`` with the engine's API key as a bearer token when the release sets one
-    (SGLang answers 401 on /v1/models and /server_info without it); the key is read from the
-    host's secrets file, the controller need not have it."""
-    from orchestrator.remote.connection import listen_http
-    from orchestrator.render.secrets import api_key_names
-
-    eng, rt = api_key_names(dep)
-
-    def bearer(name: str | None) -> dict[str, str] | None:
-        value = store.read_secret(dep.name, name) if name else None
-        return {"Authorization": f"Bearer {value}"} if value else None
-
-    return listen_http(remote.http, dep, bearer(eng), router_headers=bearer(rt))
 
 
 def _unit_file(scope: str, unit: str) -> str:
