@@ -164,6 +164,11 @@ class Deployment(_Frozen):
     # router (`router` above is set on that host only); a fleet of one leaves both empty
     fleet: tuple[str, ...] = ()
     router_on: str | None = None
+    # how long an apply keeps watching after every check passed (health.stability_window_s, or
+    # the router's own time to drop a dead worker when the profile leaves it: resolved by the
+    # planner, planner/context.py, so `plan` shows the wait; None in plans made before that)
+    stability_window_s: float | None = None
+    stability_window_default: bool = False
 
     @property
     def pd(self) -> bool:

@@ -298,8 +298,9 @@ def catalog_entries(cat: Catalog, profile: Profile, ctx_path: str, text: str = "
 
 
 def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployment:
-    """The profile resolved for the host, each role's kernel paths decided from the inventory's
-    GPU model and no measurement (``build_plan`` decides again from the facts it plans with)."""
+    """The profile resolved for the host, every default filled (the stability window too), each
+    role's kernel paths decided from the inventory's GPU model and no measurement
+    (``build_plan`` decides again from the facts it plans with)."""
     cat = cat or load_catalog()
     engine, model = catalog_entries(cat, ctx.profile, str(ctx.profile_path), ctx.profile_text)
     config = cat.config_of(model)
@@ -314,7 +315,23 @@ def resolve_deployment(ctx: PlanContext, cat: Catalog | None = None) -> Deployme
             arch = cat.gpu(gpus.model).arch
         except UnknownCatalogEntry:  # reported by the plan's GPU checks
             arch = None
+    window, default = stability_window(ctx.profile, dep.router_version, cat)
+    dep = dep.model_copy(update={"stability_window_s": window,
+                                 "stability_window_default": default})
     return decide_kernels(cat, model, engine, dep, arch, None)
+
+
+def stability_window(profile: Profile, router_version: str, cat: Catalog | None = None
+                     ) -> tuple[float, bool]:
+    """(seconds, whether it is the default): ``health.stability_window_s``, or the router's own
+    time to drop a dead worker, its health-check interval x failure threshold from the catalog
+    (sglang-router 0.3.2: 60 s x 3 = 180 s, research/sglang.md §3)."""
+    from orchestrator.health import default_stability_window_s
+
+    if profile.health.stability_window_s is not None:
+        return float(profile.health.stability_window_s), False
+    rules = (cat or load_catalog()).router("sglang-router", router_version)
+    return default_stability_window_s(rules.defaults), True
 
 
 def decide_kernels(cat: Catalog, model: ModelVariant, engine: EngineRules, dep: Deployment,

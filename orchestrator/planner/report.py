@@ -127,6 +127,18 @@ def _target_lines(plan: Plan) -> list[str]:
     return out
 
 
+def _stability_line(plan: Plan) -> str | None:
+    """What apply waits for once every check passed: the stability window, and where its value
+    comes from (the profile's, or the router's default the planner resolved)."""
+    w = plan.deployment.stability_window_s
+    if w is None or (not plan.restarts and not any(a.kind == "start" for a in plan.actions)):
+        return None
+    return (f"stability window: {w:g} s watched after every check passes"
+            + (" (the router's default: health-check interval x failure threshold; "
+               "health.stability_window_s sets it)" if plan.deployment.stability_window_default
+               else " (health.stability_window_s)"))
+
+
 def render_text(plan: Plan, *, verbose: bool = False) -> str:
     dep = plan.deployment
     lines = [
@@ -193,6 +205,9 @@ def render_text(plan: Plan, *, verbose: bool = False) -> str:
         down = _downtime(plan)
         if down:
             lines.append(f"  downtime: {down}")
+        window = _stability_line(plan)
+        if window:
+            lines.append(f"  {window}")
         lines.append("")
         if plan.facts_source == "declared":
             lines.append("  (declared facts: the host's current release is unknown, so changes are "

@@ -15,6 +15,7 @@ the window (how CI went from 11 to 33 minutes); tests about the default mark the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,19 +30,22 @@ def _test_sized_stability_window(request: pytest.FixtureRequest,
     rollback, it ends the test with this message."""
     if request.node.get_closest_marker("production_stability_window"):
         return
-    from orchestrator import health
+    from orchestrator.apply import steps
 
-    real = health.default_stability_window_s
+    real = steps.stability_window_s
 
-    def refuse(router_defaults: dict[str, object]) -> float:
-        window = real(router_defaults)
-        pytest.fail(f"{request.node.nodeid} applies a profile without "
-                    f"health.stability_window_s: the apply would idle through the production "
-                    f"default of {window:g} s. Set a test-sized window (tests/integration/"
-                    "test_apply.py profile_dict uses 1.5 s), or mark the test "
-                    "production_stability_window if the default is what it tests.")
+    def refuse(ctx: Any) -> float:
+        window = real(ctx)
+        if ctx.profile.health.stability_window_s is None:
+            pytest.fail(f"{request.node.nodeid} applies a profile without "
+                        f"health.stability_window_s: the apply would idle through the production "
+                        f"default of {window:g} s. Set a test-sized window (tests/integration/"
+                        "test_apply.py profile_dict uses 1.5 s), or mark the test "
+                        "production_stability_window if the default is what it tests.")
+        return window
 
-    monkeypatch.setattr(health, "default_stability_window_s", refuse)
+    # the planner resolves the window (plan shows it); the apply's wait reads it here
+    monkeypatch.setattr(steps, "stability_window_s", refuse)
 
 
 @pytest.fixture(scope="session")
