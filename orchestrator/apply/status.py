@@ -94,7 +94,7 @@ def status(host_name: str, host: Host) -> StatusReport:
         rep.current_status = record.status if record else store.read_record(current).status
         if rep.current_status == "applying" and rep.locked_by is None:
             rep.current_status = "interrupted"  # its run was lost (see `history`)
-        _, dep, _ = load_release(store, current)
+        _, dep, prof = load_release(store, current)
         rep.deployment = dep.name
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
@@ -122,6 +122,7 @@ def status(host_name: str, host: Host) -> StatusReport:
             bad = [r for r in results if not r.ok]
             rep.roles.append((role, not bad, "; ".join(f"{r.check}: {r.message}" for r in bad)
                               or "ready, healthy, serving " + dep.served_name))
+        rep.roles = _through_router(rep.roles, http, dep, prof)
         # files: the release tree against its manifest (someone edited a launch script?)
         check = store.shell.run(
             f"cd {shlex.quote(store.path(current))} && python3 -c "
@@ -153,6 +154,25 @@ def status(host_name: str, host: Host) -> StatusReport:
                 rep.profile_drift += _server_info_drift(role, dep, info)
                 rep.pool_drift += _pool_drift(role.name, info, record)
     return rep
+
+
+def _through_router(roles: list[tuple[str, bool, str]], http: Any, dep: Any, profile: Any
+                    ) -> list[tuple[str, bool, str]]:
+    """A role behind this host's router counts healthy only if a generation through the router
+    works: every role can answer its own health checks while the router refuses to route to
+    them (sglang-router 0.3.2 keeps a worker's circuit open 60 s after 10 failures: "No
+    available prefill workers (all circuits open or unhealthy)"). One generation with the
+    profile's smoke prompt, only when every role passed its own checks."""
+    from orchestrator.health import smoke_generate
+
+    if dep.router is None or not roles or not all(ok for _, ok, _ in roles):
+        return roles
+    res = smoke_generate(http, dep, profile.health.smoke_prompt, profile.health.smoke_max_tokens,
+                         timeout=30)
+    if res.ok:
+        return roles
+    why = f"generation through the router fails: {res.message}"
+    return [(role, False, f"{msg}, but {why}") for role, _, msg in roles]
 
 
 def _pool_drift(role: str, info: dict[str, Any], record: Any) -> list[str]:

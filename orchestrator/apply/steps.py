@@ -304,15 +304,48 @@ def show_log_tails(ctx: Context, roles: list[str]) -> str:
 
 
 def stability_window_s(ctx: Context) -> float:
-    """``health.stability_window_s``, or the router's own time to drop a dead worker."""
-    from orchestrator.catalog import load_catalog
-    from orchestrator.health import default_stability_window_s
+    """The stability window the plan resolved (planner.context.stability_window); a release
+    planned before plans carried it is resolved by the same function now."""
+    from orchestrator.planner.context import stability_window
 
     assert ctx.profile is not None and ctx.deployment is not None
-    if ctx.profile.health.stability_window_s is not None:
-        return float(ctx.profile.health.stability_window_s)
-    rules = load_catalog().router("sglang-router", ctx.deployment.router_version)
-    return default_stability_window_s(rules.defaults)
+    if ctx.deployment.stability_window_s is not None:
+        return ctx.deployment.stability_window_s
+    return stability_window(ctx.profile, ctx.deployment.router_version)[0]
+
+
+def reset_router(ctx: Context, step: Any) -> Outcome:
+    """After a restore, before its smoke: the router on this host forgets what it learnt about
+    this host's engines during the failure. sglang-router 0.3.2 opens a worker's circuit after
+    10 failed requests and keeps it open 60 s (router_args.py ``cb_failure_threshold``,
+    ``cb_timeout_duration_secs``), also for a worker that was never restarted (a PD pair fails
+    on its prefill), so a restored release answered 503 "No available prefill workers (all
+    circuits open or unhealthy)" through a router whose engines were healthy. Each engine still
+    listed is removed and added back (a fresh worker, its circuit closed); one not listed is
+    left to whoever took it out (a fleet's driver puts back the hosts it drained)."""
+    from orchestrator.remote.router_api import RouterApi
+
+    dep = ctx.deployment
+    assert dep is not None
+    if dep.router is None or not dep.roles:
+        return Outcome(result="skipped", detail="no router fronts this host's engines here")
+    if dep.router.unit in ctx.started:
+        return Outcome(result="skipped", detail="the router itself started: its view is new")
+    api = RouterApi(engine_http(ctx), dep.router.port, name=f"the router on '{ctx.host_name}'")
+    reset = []
+    for role in dep.roles:
+        kind = role.disaggregation_mode or "regular"
+        if api.find(role.url) is None:
+            continue
+        api.remove(role.url)
+        api.add(role.url, worker_type=kind,
+                bootstrap_port=role.bootstrap_port if kind == "prefill" else None)
+        reset.append(role.name)
+    if not reset:
+        return Outcome(result="skipped", detail="none of this host's engines is in the router")
+    return Outcome(detail=f"removed and re-added {', '.join(reset)} in the router: a circuit the "
+                          "failure opened (10 failures, 60 s in sglang-router 0.3.2) no longer "
+                          "keeps them out")
 
 
 def smoke_generate(ctx: Context, step: Any) -> Outcome:
@@ -419,6 +452,7 @@ ACTIONS: dict[str, Callable[[Context, Any], Outcome]] = {
     "install_units": install_units,
     "start_units": start_units,
     "wait_healthy": wait_healthy,
+    "reset_router": reset_router,
     "smoke_generate": smoke_generate,
     "measure_pool": measure_pool,
     "qualify": qualify,
