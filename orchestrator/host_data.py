@@ -214,6 +214,10 @@ class FleetJournal(BaseModel):
     # the run's number in the fleet's order (journals written before runs were numbered: None)
     sequence: int | None = Field(default=None, ge=1, le=1 << 40)
     selected: list[_Slug] = Field(default_factory=list, max_length=4096)  # what --host named
+    # "running": written before the first wave and never finished (the run was killed)
+    state: Literal["running", "finished"] = "finished"
+    targets: dict[_Slug, _ReleaseId] = Field(default_factory=dict)  # each host's target release
+    resumes: int | None = Field(default=None, ge=1, le=1 << 40)  # the unfinished run resumed
     started: Annotated[str, Field(pattern=r"^[0-9]{8}T[0-9]{6}Z$")]
     finished: Annotated[str, Field(pattern=r"^[0-9]{8}T[0-9]{6}Z$")] | None = None
     command: _Line = ""
@@ -221,7 +225,7 @@ class FleetJournal(BaseModel):
     outcomes: list[_Outcome] = Field(default_factory=list, max_length=4096)
     stopped_after_wave: int | None = Field(default=None, ge=-1, le=1 << 16)
     reason: _Line | None = None
-    exit_code: int = Field(ge=0, le=255)
+    exit_code: int | None = Field(default=None, ge=0, le=255)  # None: the run did not finish
     releases: dict[_Slug, _ReleaseId] = Field(default_factory=dict)
     prepared_not_switched: dict[_Slug, _ReleaseId] = Field(default_factory=dict)
     analysis: list[_Analysis] = Field(default_factory=list, max_length=4096)

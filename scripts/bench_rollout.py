@@ -61,6 +61,9 @@ class FakeRemote:
     def verify_wave(self, hosts: list[str]) -> str | None:
         return None
 
+    def begin_waves(self, result: object) -> None:
+        pass
+
 
 def run(hosts: int, strategy: Strategy, op_s: float, prepare_s: float) -> None:
     names = [f"gpu-{i:04d}" for i in range(hosts)]

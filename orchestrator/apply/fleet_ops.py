@@ -62,6 +62,13 @@ class FleetOps:
         self.prepared: dict[str, Any] = {}
         self.cancelled: dict[str, str | None] = {}  # host -> the prepared release not switched
         self._router_http: Any = None  # the router's authenticated client, made once
+        # the run's journal (open_journal): its number and path on the lock host, the journal
+        # of the run before it, and the number of the interrupted run this one resumes
+        self.sequence: int | None = None
+        self.journal_path: str | None = None
+        self.previous: dict[str, Any] | None = None
+        self.resumed: int | None = None
+        self.started = time.time()
         self.router_up = False  # set by check_router: False on the first rollout (no router yet)
         self._connect = connect
         self.remotes: dict[str, Any] = dict(remotes or {})
@@ -208,8 +215,11 @@ class FleetOps:
         if not self.router_up:
             return True
         api = self.router()
-        for url, _kind, _port, _role in self._workers(host):
-            api.remove(url)
+        removed = [api.remove(url) for url, _kind, _port, _role in self._workers(host)]
+        if all(w is None for w in removed):
+            # not in the router (a run that was lost took it out): nothing routes to it
+            self.say(host)("drained: not in the router")
+            return True
         remote = self.remote(host)
 
         def inflight() -> int:
@@ -277,46 +287,80 @@ class FleetOps:
         return None
 
     # -- the fleet's journal -------------------------------------------------------------------
-    def write_journal(self, result: Any, started: float) -> str | None:
-        """One JSON record per run of a fleet on the lock host, under
-        ``<install_root>/fleet/<profile>/<sequence>.json``: the waves, each host's outcome, where
-        it stopped and why. Runs are numbered in the order they ran (the next number after the
-        highest there, under the fleet lock), never by a clock: a controller a day behind or a
-        host clock ahead cannot reorder them. Each host's own journal is its release record,
-        which is all the fleet of one keeps (None: nothing written)."""
+    def open_journal(self) -> None:
+        """Number this run (under the fleet lock: the next number after the highest on the lock
+        host) and read the journal of the run before it (:attr:`previous`). Runs are ordered by
+        that number, never by a clock: a controller a day behind or a host clock ahead cannot
+        reorder them. The fleet of one keeps no fleet journal (its record is the host's)."""
         if self.targets.single or self.targets.profile_name is None:
-            return None
+            return
         on = self.targets.lock_on
         root = self.hosts[on].install_root
         name = self.targets.profile_name
         from orchestrator.remote import hostfs
 
         remote = self.remote(on)
+        d = journal_dir(root, name)
         res = remote.run(hostfs.ensure_dirs(root, "fleet", f"fleet/{name}") + "\n"
-                         + f"ls -1 -- {shlex.quote(journal_dir(root, name))}", timeout=30)
+                         + f"ls -1 -- {shlex.quote(d)}", timeout=30)
         if not res.ok:
-            raise RemoteError(f"cannot create {journal_dir(root, name)} on host '{on}': "
+            raise RemoteError(f"cannot create {d} on host '{on}': "
                               f"{(res.stderr or res.stdout).strip()[:200]}")
         seq = 1 + max((sequence_of(n) or 0 for n in res.stdout.split()), default=0)
-        path = f"{journal_dir(root, name)}/{seq:08d}.json"
+        self.journal_path = f"{d}/{seq:08d}.json"
+        self.sequence = seq
+        if seq > 1:
+            found = read_journals(remote, root, name, last=True)
+            self.previous = found[-1] if found else None
+
+    def begin_waves(self, result: Any) -> None:
+        """Every host prepared: the journal says the run is under way, with each host's target
+        (a run killed from here on leaves it 'running': the next rollback resumes from it)."""
+        try:
+            self._write(result, finished=False)
+        except DsvError as exc:  # the run goes on; its end is journaled (or said missing) then
+            self.out(f"(the fleet's journal could not be written yet: {exc.message})")
+
+    def write_journal(self, result: Any, started: float) -> str | None:
+        """The run's journal at its end, on the lock host, under
+        ``<install_root>/fleet/<profile>/<sequence>.json``: the waves, each host's outcome,
+        where it stopped and why (None: the fleet of one, nothing written)."""
+        self.started = started
+        return self._write(result, finished=True)
+
+    def _write(self, result: Any, *, finished: bool) -> str | None:
+        if self.journal_path is None:
+            return None
+        on = self.targets.lock_on
         record = {
-            "profile": name, "kind": self.kind, "sequence": seq,
+            "profile": self.targets.profile_name, "kind": self.kind, "sequence": self.sequence,
+            "state": "finished" if finished else "running",
             # wall-clock times are for people reading the journal, not for its order
-            "started": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)),
-            "finished": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+            "started": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started)),
+            "finished": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) if finished else None,
             "command": self.command, "waves": result.waves,
             "selected": list(self.targets.selected),
+            "targets": dict(sorted(self.target_releases().items())),
             "outcomes": [asdict(o) for o in result.outcomes.values()],
             "stopped_after_wave": result.stopped_after, "reason": result.reason,
-            "exit_code": int(result.exit_code),
+            "exit_code": int(result.exit_code) if finished else None,
             # the release each switched host now serves (a rollout: the one its apply made, its
             # record releases/ID/record.json; a rollback: the one it went back to)
             "releases": dict(sorted(self.releases.items())),
             # releases prepared (uploaded) on hosts the rollout stopped before: never switched
             "prepared_not_switched": dict(sorted(self.cancelled.items())),
         }
-        remote.put_bytes((json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), path)
-        return f"{on}:{path}"
+        if self.resumed is not None:
+            record["resumes"] = self.resumed
+        self.remote(on).put_bytes((json.dumps(record, indent=2, sort_keys=True) + "\n").encode(),
+                                  self.journal_path)
+        return f"{on}:{self.journal_path}"
+
+    def target_releases(self) -> dict[str, str]:
+        """The release each host is moving to (a rollout: the one prepared; a rollback: its
+        target), as the journal keeps it."""
+        return {h: p.release for h, p in self.prepared.items() if p.release} | {
+            h: r for h, r in self.releases.items() if r}
 
 
 def journal_dir(root: str, profile_name: str) -> str:
@@ -388,6 +432,7 @@ def drive(ops: FleetOps, strategy: Any, *, out: Out) -> tuple[Any, str | None]:
     try:
         ops.check()
         ops.lock_fleet()
+        ops.open_journal()
         ops.check_router()
         result = run_rollout(list(t.engines), ops, strategy, router_host=t.router_host,
                              drain=t.drain, out=(lambda _s: None) if t.single else out)

@@ -40,6 +40,27 @@ class RollbackOps(FleetOps):
         super().__init__(targets, hosts, plans, out=out, command=command, connect=connect)
         self.release = release  # one host's explicit target
         self.targets_of: dict[str, str] = {}
+        self.resume: dict[str, str] = {}  # host -> target of the interrupted rollback resumed
+
+    def open_journal(self) -> None:
+        """Number the run; when the run before it is a rollback of the same hosts that never
+        finished (killed while a host waited for health, say), resume it: each host goes to the
+        target that run chose, whatever its current release is now (a host it already switched
+        is re-verified and put back into the router, not refused for having no release before
+        its new current one)."""
+        super().open_journal()
+        prev = self.previous
+        if (self.release is None and prev is not None and prev.get("kind") == "rollback"
+                and prev.get("state") == "running"
+                and list(prev.get("selected") or []) == list(self.targets.selected)
+                and prev.get("targets")):
+            self.resume = dict(prev["targets"])
+            self.resumed = prev.get("sequence")
+            self.out(f"resuming rollback {self.resumed} (it did not finish): "
+                     + ", ".join(f"{h} -> {r}" for h, r in sorted(self.resume.items())))
+
+    def target_releases(self) -> dict[str, str]:
+        return dict(self.targets_of)
 
     def prepare(self, host: str) -> bool:
         from orchestrator.release.record import rollback_target
@@ -48,11 +69,12 @@ class RollbackOps(FleetOps):
 
         store = ReleaseStore(self.remote(host), self.hosts[host].install_root)
         records, current = store.read_records(), store.current()
-        if self.release is not None:
-            if not is_release_id(self.release) or self.release not in {r.id for r in records}:
-                raise DsvError(f"release {self.release!r} does not exist on host '{host}'",
+        wanted = self.release if self.release is not None else self.resume.get(host)
+        if wanted is not None:
+            if not is_release_id(wanted) or wanted not in {r.id for r in records}:
+                raise DsvError(f"release {wanted!r} does not exist on host '{host}'",
                                fix=f"pick one from `dsv4ctl history --host {host}`")
-            target = self.release
+            target = wanted
         else:
             found = rollback_target(records, current)
             if found is None:

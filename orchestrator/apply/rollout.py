@@ -68,6 +68,8 @@ class HostOps(Protocol):
     def restore(self, host: str) -> None: ...  # back into the router, verified through it
     # after a wave moved and is back (health and smoke passed): a reason to stop, or None
     def verify_wave(self, hosts: list[str]) -> str | None: ...
+    # every host prepared, before the first wave: the run's journal says it is under way
+    def begin_waves(self, result: RolloutResult) -> None: ...
 
 
 @dataclass
@@ -173,6 +175,7 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
             return result
         out(f"prepared {len(every)} host(s) in {result.prepare_s:.2f}s; "
             f"{sum(changed.values())} with changes; {len(plan)} wave(s)")
+        ops.begin_waves(result)
         failures = 0
         for i, wave in enumerate(plan):
             w0 = clock()

@@ -237,6 +237,13 @@ def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) ->
         drained = "" if o.drained is None else (", drained" if o.drained else ", drain timed out")
         say(f"  {o.host:<16} wave {o.wave + 1}: {o.state}{drained}"
             + (f" - {o.message}" if o.message else ""))
+    out_of_router = [o.host for o in result.outcomes.values() if o.drained is not None
+                     and o.state in ("rollback_failed", "failed")]
+    if out_of_router:
+        # honestly out: the one command that puts them back (a rollback resumes, an apply
+        # re-plans what they serve) once the cause is fixed
+        say(f"Out of the router: {', '.join(out_of_router)}; once fixed, this puts "
+            f"{'it' if len(out_of_router) == 1 else 'them'} back: {command_line()}")
     if where is not None:
         say(f"The fleet's journal is {where}.")
     if result.exit_code:
@@ -332,8 +339,9 @@ def _rollout_lines(r: dict[str, Any], prefix: str) -> None:
         say(f"{prefix}unreadable journal: {r.get('reason')}")
         return
     stop = r.get("stopped_after_wave")
-    where = ("completed" if stop is None else "stopped before the first switch"
-             if stop < 0 else f"stopped after wave {stop + 1}")
+    where = ("did not finish (the run was interrupted; a rollback re-run resumes it)"
+             if r.get("state") == "running" else "completed" if stop is None else
+             "stopped before the first switch" if stop < 0 else f"stopped after wave {stop + 1}")
     say(f"{prefix}{r.get('kind', 'rollout')} {r.get('started')}  exit {r.get('exit_code')}  "
         f"{where}" + (f": {r.get('reason')}" if stop is not None else ""))
     releases = r.get("releases") or {}

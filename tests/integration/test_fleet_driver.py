@@ -195,6 +195,72 @@ def test_runs_are_ordered_by_sequence_not_by_a_clock(fleet: Fleet, monkeypatch: 
     assert st["last_rollout"]["sequence"] == newest["sequence"], st["last_rollout"]
 
 
+def test_a_killed_fleet_rollback_resumes_from_the_fleet_journal(
+        fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rollback -p FLEET` SIGKILLed while the canary waits for health (it was drained, switched
+    to its target, its record says rollback:health running), then the same command again under
+    a load loop: it resumes from the fleet's journal, every host ends on its target and back in
+    the router, no request fails. Before: the re-run exited 1 with "no previous release on host
+    'gpu-a'" (its current was already the target) and left gpu-a out of the router."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.integration.test_apply import REPO
+
+    path = str(fleet.tmp / "profile-v5.yaml")
+    before = {h: fleet.current(h) for h in EVERY}
+    canary = fleet.fakes["gpu-a"]
+    # every engine start on gpu-a from now on takes 30 s to become ready
+    canary.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}, "rules": [
+        {"match": {"argv_contains": ["--port"]}, "set": {"start_delay_s": 30}}]})
+    argv = [sys.executable, "-c", "from orchestrator.cli import entrypoint; entrypoint()",
+            "rollback", "-p", path, "-i", str(fleet.inventory), "--yes"]
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while fleet.current("gpu-a") == before["gpu-a"]:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
+            assert time.monotonic() < deadline, "gpu-a was never switched"
+            time.sleep(0.2)
+        time.sleep(1.5)  # its rollback now waits for health
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    target = fleet.current("gpu-a")
+    rec = fleet.record("gpu-a", target)
+    assert {e["step"]: e["result"] for e in rec["journal"]}.get("rollback:health") == "running"
+    assert f"http://{fleet.fakes['gpu-a'].address}:30000" not in {w["url"] for w in
+                                                                  fleet.workers()}
+    journal = fleet.journals()[-1]
+    assert journal["kind"] == "rollback" and journal["state"] == "running"
+    assert journal["targets"]["gpu-a"] == target
+    canary.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}})
+    capsys.readouterr()
+    with Load(fleet) as load:
+        time.sleep(0.5)
+        rc = cli(fleet, "rollback", "-p", path, "--yes")
+        time.sleep(0.5)
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert f"resuming rollback {journal['sequence']}" in out
+    done = fleet.journals()[-1]
+    assert done["state"] == "finished" and done["exit_code"] == 0
+    assert done["resumes"] == journal["sequence"]
+    assert done["targets"] == journal["targets"]
+    assert {h: fleet.current(h) for h in EVERY} == journal["targets"]
+    assert fleet.record("gpu-a", target)["status"] == "healthy"
+    steps = [e for e in fleet.record("gpu-a", target)["journal"] if e["step"] == "rollback:health"]
+    assert [e["result"] for e in steps] == ["interrupted", "ok"], steps
+    workers = fleet.workers()
+    assert len(workers) == 3 and all(w["is_healthy"] for w in workers)
+
+
 def test_a_host_lost_mid_run_has_its_real_error_put_back(fleet: Fleet,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:

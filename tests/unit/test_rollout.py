@@ -53,6 +53,9 @@ class FakeOps:
     def verify_wave(self, hosts: list[str]) -> str | None:
         return None
 
+    def begin_waves(self, result: object) -> None:
+        pass
+
     def restore(self, host: str) -> None:
         self.log("restore", host)
         self.in_router.add(host)
