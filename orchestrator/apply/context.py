@@ -20,6 +20,7 @@ from orchestrator.errors import DsvError, StalePlan
 from orchestrator.planner.transition import (
     ROLE_ORDER,
     ReleaseFile,
+    release_from_facts,
     release_from_manifest,
     roles_affected,
 )
@@ -161,10 +162,11 @@ def load_release(store: ReleaseStore, release_id: str) -> tuple[dict[str, Releas
     """Manifest, deployment (from its plan.json) and resolved profile of a release on the host."""
     from orchestrator.profile.loader import load_text
 
-    text = store.read_files(release_id, list(RELEASE_META))
-    files = release_from_manifest(json.loads(text[MANIFEST]))
-    plan = Plan.model_validate_json(text[PLAN])
-    profile = load_text(Profile, text["profile.yaml"], f"{release_id}/profile.yaml")
+    manifest, plan_text, profile_text = store.read_release(release_id)
+    files = release_from_facts({p: sha for p, (sha, _) in manifest.items()},
+                               {p: roles for p, (_, roles) in manifest.items()})
+    plan = Plan.model_validate_json(plan_text)
+    profile = load_text(Profile, profile_text, f"{release_id}/profile.yaml")
     return files, plan.deployment, profile
 
 

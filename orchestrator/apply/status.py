@@ -74,7 +74,7 @@ def status(host_name: str, host: Host) -> StatusReport:
     from orchestrator.apply.kernels_seen import loaded_by_pid
     from orchestrator.apply.metrics import release_metrics
     from orchestrator.health import evaluate
-    from orchestrator.release.store import MANIFEST, ReleaseStore
+    from orchestrator.release.store import ReleaseStore
     from orchestrator.remote.connection import connect
     from orchestrator.remote.lock import is_locked, read_holder
     from orchestrator.remote.systemd import ServiceManager
@@ -124,16 +124,7 @@ def status(host_name: str, host: Host) -> StatusReport:
                               or "ready, healthy, serving " + dep.served_name))
         rep.roles = _through_router(rep.roles, http, dep, prof)
         # files: the release tree against its manifest (someone edited a launch script?)
-        check = store.shell.run(
-            f"cd {shlex.quote(store.path(current))} && python3 -c "
-            + shlex.quote("import json,hashlib,sys\nm=json.load(open('" + MANIFEST + "'))\n"
-                          "for p,v in sorted(m['files'].items()):\n"
-                          "  h=v.get('sha256')\n"
-                          "  try: d=hashlib.sha256(open(p,'rb').read()).hexdigest()\n"
-                          "  except OSError: d=None\n"
-                          "  if h and d!=h: print(p, 'missing' if d is None else 'modified')\n"),
-            timeout=60)
-        rep.file_drift += [line for line in check.stdout.splitlines() if line.strip()]
+        rep.file_drift += store.verify_files(current)
         # the secrets file the units read against current's own (the switch copies it)
         secrets = store.secrets_drift(dep.name, current, bool(dep.secret_names))
         if secrets:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 import secrets
 import shlex
@@ -31,6 +30,7 @@ from orchestrator.remote.probes import MARK, CommandResult, manifest_hashes
 MANIFEST = "manifest.json"
 RECORD = "record.json"
 PLAN = "plan.json"
+PROFILE = "profile.yaml"
 
 
 class HostShell(Protocol):
@@ -203,8 +203,30 @@ class ReleaseStore:
     def manifest(self, release_id: str) -> dict[str, str]:
         return manifest_hashes(self.read_file(release_id, MANIFEST))
 
-    def manifest_doc(self, release_id: str) -> dict:
-        return json.loads(self.read_file(release_id, MANIFEST))
+    def read_release(self, release_id: str) -> tuple[dict[str, tuple[str, tuple[str, ...]]],
+                                                     str, str]:
+        """A release's manifest (checked host data: path -> (sha256, restart roles)), its
+        plan.json and its profile.yaml, in one round trip (:meth:`read_files`, which apply's
+        preflight reads ahead under the lock). The store is the one reader of manifest.json."""
+        from orchestrator.host_data import manifest_files
+
+        text = self.read_files(release_id, [MANIFEST, PLAN, PROFILE])
+        files = manifest_files(text[MANIFEST], f"{release_id}/{MANIFEST} on host "
+                                               f"'{self.shell.name}'")
+        return files, text[PLAN], text[PROFILE]
+
+    def verify_files(self, release_id: str) -> list[str]:
+        """Each file of the release that differs from its manifest: 'PATH modified' or 'PATH
+        missing' (a launch script edited on the host, say), checked on the host."""
+        script = ("import json,hashlib,sys\nm=json.load(open('" + MANIFEST + "'))\n"
+                  "for p,v in sorted(m['files'].items()):\n"
+                  "  h=v.get('sha256')\n"
+                  "  try: d=hashlib.sha256(open(p,'rb').read()).hexdigest()\n"
+                  "  except OSError: d=None\n"
+                  "  if h and d!=h: print(p, 'missing' if d is None else 'modified')\n")
+        res = self.shell.run(f"cd {shlex.quote(self.path(release_id))} && python3 -c "
+                             + shlex.quote(script), timeout=60)
+        return [line for line in res.stdout.splitlines() if line.strip()]
 
     def exists(self, release_id: str, rel: str = MANIFEST) -> bool:
         return self.shell.run(f"[ -e {shlex.quote(self.path(release_id, rel))} ]", timeout=30).ok
