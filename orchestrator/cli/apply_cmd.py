@@ -49,6 +49,13 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     upload release, kernels, stop changed roles, switch current, units, start, wait healthy,
     smoke generation, qualification, record. A failure after the switch restores the last
     healthy release by itself. An apply without changes restarts nothing.
+
+    \b
+    One host is a fleet of one: the same run as a fleet's (fleet lock, then host lock; one SSH
+    connection per host, the probe's). A fleet (a profile whose hosts: names a group or a list)
+    rolls out wave by wave behind its router, each engine host drained first and put back
+    after. --host NAME narrows the run to that member, or to an inventory group of members;
+    for a one-host profile it names the host to apply it to.
     """
     from orchestrator.apply.fleet_ops import apply_fleet
     from orchestrator.cli.fleet_cmd import confirm_apply, finish, planned_run, strategy_of
@@ -274,9 +281,11 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
 @verbose_option()
 def unlock(profile_path: Path | None, inventory: Path | None, host_name: str | None,
            force: bool) -> int:
-    """Show who holds the host lock; with --force, end the holder and free it.
+    """Show who holds the host's lock and the fleet's; with --force, end the holders.
 
-    The lock is kernel-held and disappears with its holder's SSH session, so this is only for a
+    A run takes the fleet lock (-p FLEET-PROFILE: on the router's host) and then each host's
+    own lock; unlock shows both, the fleet lock first (--host NAME: that member's lock).
+    Both are kernel-held and disappear with their holder's SSH session, so this is only for a
     holder that hangs (e.g. a half-open connection). Use it only when sure that run is dead.
     """
     from orchestrator.apply.unlock import unlock as do_unlock
