@@ -34,8 +34,7 @@ def unlock(targets: Targets, hosts: Mapping[str, Host], *, force: bool, out: Out
                                  f"fleet {targets.profile_name} (its lock on host '{name}')"))
             for lock, what in locks:
                 if not is_locked(remote, root, lock):
-                    if lock == LOCK_NAME or not targets.single:
-                        out(f"{what} is not locked")
+                    out(f"{what} is not locked")
                     continue
                 holder = read_holder(remote, root, lock)
                 out(f"{what} is locked by: {holder.describe() if holder else 'unknown'}")

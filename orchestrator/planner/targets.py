@@ -48,7 +48,12 @@ class Targets:
 
     @property
     def fleet_lock(self) -> str | None:
-        return fleet_lock_name(self.profile_name) if self.profile_name else None
+        """The fleet lock's name: a run takes it before any host's own lock. The fleet of one
+        has none of its own: its host's lock guards exactly the hosts a fleet lock would (and a
+        no-change apply stays one round trip after the probe)."""
+        if self.single or not self.profile_name:
+            return None
+        return fleet_lock_name(self.profile_name)
 
     def describe(self) -> str:
         """'host 'a'' or 'N hosts (a, b, c)', for prompts and progress lines."""
