@@ -161,6 +161,8 @@ def planned_run(path: Path, inventory: Path | None, selector: str | None) -> Run
         from orchestrator.planner.fleet_report import render_fleet_text
 
         echo(render_fleet_text(shown), nl=False)  # what is about to happen, as `plan` shows it
+        if targets.selected:
+            say(f"--host {selector}: this run moves {', '.join(targets.moved)} only")
         return run
     except BaseException:
         run.close()

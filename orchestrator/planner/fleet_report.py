@@ -27,8 +27,9 @@ def _single(fp: FleetPlan) -> bool:
 def _router_line(fp: FleetPlan) -> str:
     if fp.router_on is None:
         return "  router: none"
-    r = fp.plan(fp.router_on).deployment.router
-    assert r is not None
+    r = next((p.deployment.router for p in fp.plans if p.host == fp.router_on), None)
+    if r is None:  # a plan narrowed to some hosts (apply --host): the router's is not shown
+        return f"  router: on {fp.router_on}"
     where = "a host of its own" if fp.router_only_host else "a fleet host"
     if r.pd:
         what = f"PD, {len(r.prefill)} prefill + {len(r.decode)} decode"
