@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from orchestrator.kernel_paths import OpPath
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.schema import (
     KERNEL_OPS,
@@ -41,6 +40,27 @@ DEFAULT_PORTS: dict[str, dict[str, int]] = {
     "decode": {"port": 30002, "nccl_port": 30401, "engine_info_bootstrap_port": 6790},
 }
 
+
+
+KernelPath = Literal["engine", "bundled"]
+
+
+class OpPath(BaseModel):
+    """What runs for one op of one role, and why (plan shows it; render writes ``env``). Decided
+    by :func:`orchestrator.kernel_paths.decide`; defined here, with the deployment that carries
+    it, so the two modules do not import each other."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: str
+    choice: str  # the profile's kernels.<op>: auto | engine | bundled
+    path: KernelPath
+    runs: str  # the function that runs, in words
+    why: str
+    source: str
+    # the env render writes for this op besides the hook's own switches (bundled only)
+    env: tuple[tuple[str, str], ...] = ()
+    measured: str | None = None  # the measurement the choice cites, or why it was ignored
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

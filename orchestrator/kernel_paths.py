@@ -21,35 +21,18 @@ re-derives a path. Pure: no host, no clock; the measurement comes in as a fact.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
-
+from orchestrator.deployment import Deployment, KernelPath, OpPath, RoleDeployment
 from orchestrator.facts import KernelQualification, KernelTiming
 
 if TYPE_CHECKING:
     from orchestrator.catalog import EngineRules
-    from orchestrator.deployment import Deployment, RoleDeployment
 
 OPS = ("attention", "indexer", "mhc_pre")
-Path = Literal["engine", "bundled"]
+Path = KernelPath  # what runs an op: the engine's own kernel or the bundled one
+__all__ = ["OpPath"]  # owned by orchestrator.deployment (a Deployment carries it)
 BUNDLED = "bundled"  # the bundled kernel's name in a qualify fact
-
-
-class OpPath(BaseModel):
-    """What runs for one op of one role, and why (plan shows it; render writes ``env``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    op: str
-    choice: str  # the profile's kernels.<op>: auto | engine | bundled
-    path: Path
-    runs: str  # the function that runs, in words
-    why: str
-    source: str
-    # the env render writes for this op besides the hook's own switches (bundled only)
-    env: tuple[tuple[str, str], ...] = ()
-    measured: str | None = None  # the measurement the choice cites, or why it was ignored
 
 
 def role_shape(dep: Deployment, role: RoleDeployment, heads_total: int) -> dict[str, int]:

@@ -9,7 +9,8 @@ with sources), :mod:`.selfmetrics` (dsv4ctl's own metrics, used by apply and sta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import yaml
 
@@ -17,8 +18,19 @@ from orchestrator.deployment import Deployment
 from orchestrator.monitoring import dashboard, prometheus
 from orchestrator.profile.schema import Profile
 
-if TYPE_CHECKING:
-    from orchestrator.planner_model import Plan
+
+class Plan(Protocol):
+    """What :func:`plan_rules_file` reads of a plan (:class:`orchestrator.planner_model.Plan`,
+    a layer above this one: a protocol here, not an import up)."""
+
+    @property
+    def files(self) -> Sequence[Any]: ...
+    @property
+    def capacity(self) -> Sequence[Any]: ...
+    @property
+    def gpus(self) -> Sequence[Any]: ...
+    @property
+    def deployment(self) -> Deployment: ...
 
 DASHBOARD_FILE = "grafana-dashboard.json"
 

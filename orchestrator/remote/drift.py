@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from orchestrator.errors import RemoteError
 
-if TYPE_CHECKING:
-    from orchestrator.remote.probes import Shell
+
+class Shell(Protocol):
+    """What this module needs of a host (:class:`orchestrator.remote.probes.Shell`, which
+    imports this module: a protocol here, not an import back, keeps the two out of a cycle)."""
+
+    def run(self, command: str, *, timeout: float | None = None) -> Any: ...
 
 # The release directory itself (``current`` points at a directory that is not there).
 RELEASE_DIR = "."

@@ -321,7 +321,8 @@ def test_a_saved_plan_is_refused_on_a_machine_with_another_host_key() -> None:
     from orchestrator.errors import StalePlan
     from orchestrator.facts import ConnectionFact
     from orchestrator.paths import default_profile
-    from orchestrator.planner.build import load_context, plan_from_paths
+    from orchestrator.planner.build import load_context
+    from orchestrator.planner.fleet import plan_from_paths
 
     ctx = load_context(default_profile(), None)
     made = plan_from_paths(default_profile())
@@ -344,7 +345,7 @@ def test_plan_shows_its_target_and_where_each_secret_comes_from(tmp_path: Path) 
     import yaml
 
     from orchestrator.paths import data_dir
-    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.fleet import plan_from_paths
     from orchestrator.planner.report import render_text
 
     profiles = data_dir("profiles")
