@@ -221,11 +221,19 @@ def test_a_killed_fleet_rollback_resumes_from_the_fleet_journal(
                             stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while fleet.current("gpu-a") == before["gpu-a"]:
+
+        def waiting_for_health() -> bool:  # gpu-a switched, its rollback waits for health
+            cur = fleet.current("gpu-a")
+            if cur == before["gpu-a"]:
+                return False
+            steps = {e["step"]: e["result"] for e in fleet.record("gpu-a", cur)["journal"]}
+            return steps.get("rollback:health") == "running"
+
+        while not waiting_for_health():
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "gpu-a was never switched"
+            assert time.monotonic() < deadline, "gpu-a never waited for health"
             time.sleep(0.2)
-        time.sleep(1.5)  # its rollback now waits for health
+        time.sleep(1.0)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
