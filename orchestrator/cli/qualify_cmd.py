@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.apply_cmd import _echo, _inventory_opt, accept_new_host_key_opt
-from orchestrator.cli.options import host_option, profile_option, verbose_option
+from orchestrator.cli.common import accept_new_host_key_opt, say
+from orchestrator.cli.options import host_option, inventory_option, profile_option, verbose_option
 from orchestrator.errors import DsvError
 
 
@@ -24,7 +24,7 @@ def qualify() -> None:
 @qualify.command("kernels")
 @host_option()
 @profile_option()
-@_inventory_opt
+@inventory_option()
 @click.option("--role", "roles", multiple=True, type=click.Choice(["engine", "prefill", "decode"]),
               help="Measure only this role (repeatable; default: every engine role on the host).")
 @click.option("--from-file", "from_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -61,14 +61,14 @@ def kernels(host_name: str | None, profile_path: Path | None, inventory: Path | 
     from orchestrator.remote.connection import connect
 
     if reset:
-        from orchestrator.cli.apply_cmd import resolve_host
+        from orchestrator.cli.common import resolve_host
 
         if from_file is not None:
             raise DsvError("--reset and --from-file together", fix="pass one of them")
         name, host = resolve_host(profile_path, inventory, host_name)
         with connect(name, host) as remote:
             removed = Q.reset_host(remote, host.install_root)
-        _echo(f"host {name}: kernel measurement "
+        say(f"host {name}: kernel measurement "
               + ("removed; plans decide from the catalog alone" if removed
                  else "was not set; nothing to remove"))
         return 0
@@ -96,7 +96,7 @@ def kernels(host_name: str | None, profile_path: Path | None, inventory: Path | 
 
             require_engine_env(remote, dep.engine_env, ctx.host_name)
             for role in wanted:
-                _echo(f"measuring role {role.name} on GPU {role.gpus[0]} (Triton compiles the "
+                say(f"measuring role {role.name} on GPU {role.gpus[0]} (Triton compiles the "
                       "contenders' kernels first: minutes)")
                 found.append(Q.run_role(remote, ctx.host_name, ctx.host.install_root,
                                         dep.engine_env, role.gpus[0], role.name,
@@ -104,14 +104,14 @@ def kernels(host_name: str | None, profile_path: Path | None, inventory: Path | 
         Q.write_host(remote, ctx.host.install_root, found)
     for m in found:
         for line in Q.table(m):
-            _echo(line)
+            say(line)
     facts = gather_facts(ctx.host_name, ctx.host, model_paths=[ctx.profile.model.path],
                          engine_env=ctx.profile.engine.env)
     plan = build_plan(ctx, facts)
-    _echo(f"stored in {Q.qualification_path(ctx.host.install_root)} on {ctx.host_name}; "
+    say(f"stored in {Q.qualification_path(ctx.host.install_root)} on {ctx.host_name}; "
           "`dsv4ctl plan --live` now decides:")
     for line in kernel_lines(plan):
-        _echo(line)
+        say(line)
     return 0
 
 

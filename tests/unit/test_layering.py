@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "monitoring": 4, "health": 4, "probes": 4, "remote": 4,
     "deployment": 3, "facts": 3,
     "kernel_paths": 3,  # each role's kernel path, from the deployment, the facts and the catalog
+    "kernel_qualification": 3,  # the stored kernel measurement: facts for remote's probe
     "calibration": 3,  # parses the measured pool (facts) for remote's probe and the planner
     "profile": 2, "catalog": 2,
     "kernels_package": 2,  # the shipped kernels' digest, from paths only
