@@ -32,6 +32,8 @@ class StatusReport:
     # what systemd says about each role's unit right now: role, unit, active/sub state, main pid,
     # restarts (NRestarts), so `status` can be checked against the host (issue 20)
     units: list[dict[str, Any]] = field(default_factory=list)
+    # where clients connect: URL, exposure, key (planner/endpoints.py), from the current release
+    endpoints: list[Any] = field(default_factory=list)  # planner.endpoints.Endpoint
 
     def roles_healthy(self) -> dict[str, dict[str, bool]]:
         """deployment -> role -> healthy just now, for ``selfmetrics.status_text``."""
@@ -96,6 +98,9 @@ def status(host_name: str, host: Host) -> StatusReport:
             rep.current_status = "interrupted"  # its run was lost (see `history`)
         _, dep, prof = load_release(store, current)
         rep.deployment = dep.name
+        from orchestrator.planner.endpoints import endpoints
+
+        rep.endpoints = endpoints(dep, host.address)
         svc = ServiceManager(remote, host.scope)
         units = role_units(dep)
         # the key from the host's secrets file: the controller need not have it

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.planner.build import plan_from_paths
 from orchestrator.planner.endpoints import endpoint_lines, endpoints
+from orchestrator.planner.fleet import plan_from_paths
 from tests.validate.helpers import INVENTORY, PROFILES
 
 

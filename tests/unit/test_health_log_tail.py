@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from orchestrator.apply.steps import LOG_TAIL_LINES, show_log_tails
-from orchestrator.planner.build import plan_from_paths
+from orchestrator.planner.fleet import plan_from_paths
 from orchestrator.remote.probes import CommandResult
 from tests.validate.helpers import PROFILES
 

@@ -68,7 +68,7 @@ def _discover(tmp_path: Path, dir_mode: int, file_mode: int) -> Path:
 def test_a_discovered_inventory_others_can_write_is_refused(
         tmp_path: Path, dir_mode: int, file_mode: int, why: str) -> None:
     from orchestrator.errors import DsvError
-    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.fleet import plan_from_paths
 
     profile = _discover(tmp_path, dir_mode, file_mode)
     with pytest.raises(DsvError) as exc:
@@ -78,7 +78,7 @@ def test_a_discovered_inventory_others_can_write_is_refused(
 
 
 def test_an_inventory_named_on_the_command_line_is_the_operators_choice(tmp_path: Path) -> None:
-    from orchestrator.planner.build import plan_from_paths
+    from orchestrator.planner.fleet import plan_from_paths
 
     profile = _discover(tmp_path, 0o777, 0o644)
     assert plan_from_paths(profile, profile.parent / "inventory.yaml").host == "gpu-host"
