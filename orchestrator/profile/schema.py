@@ -327,7 +327,8 @@ class Kernels(_Strict):
                                      "engine or bundled)")
                 legacy[key] = value
                 for op, choice in LEGACY_KERNEL_KEYS[(key, value)].items():
-                    if op in data and data[op] != choice:
+                    # auto leaves the choice to dsv4ctl, so the old key's explicit answer stands
+                    if data.get(op, "auto") not in ("auto", choice):
                         raise ValueError(
                             f"kernels.{key}: {str(value).lower()} means kernels.{op}: {choice}, "
                             f"and kernels.{op} is {data[op]!r}; remove kernels.{key} (replaced "

@@ -349,8 +349,13 @@ def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[s
     names = {k for k, _ in role.env}
     out = []
     hooked = any(p.path == "bundled" for p in role.kernels)
+    # SGLang's routing variables are dsv4ctl's only where a bundled op of the role renders them;
+    # on the engine's path the role's env may steer SGLang (plan names what then runs)
+    routed = {k for p in role.kernels if p.path == "bundled" for k, _ in p.env}
     for reserved in RESERVED_ENV:
-        if reserved in names and (reserved == "CUDA_VISIBLE_DEVICES" or hooked):
+        owned = (reserved == "CUDA_VISIBLE_DEVICES" or reserved in routed
+                 or (hooked and reserved not in ROUTING_ENV))
+        if reserved in names and owned:
             out.append((f"{field}.env.{reserved}",
                         f"dsv4ctl sets {reserved} itself (from {_reserved_source(reserved, role)})",
                         f"remove {reserved} from {field}.env, or set the kernels.<op> choices to "

@@ -123,7 +123,6 @@ def test_default_profile_fits_and_the_plan_carries_the_terms(tmp_path: Path) -> 
 
 def test_check_fires_for_a_long_request_on_the_torch_path(tmp_path: Path) -> None:
     plan = _plan(tmp_path, **{"workload.longest_request_tokens": 1_048_576,
-                              "kernels.enabled": False,
                               "topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}})
     pre = next(c for c in plan.capacity if c.role == "prefill")
     assert "sm_120 torch function" in pre.headroom_terms[-1].detail
@@ -169,30 +168,31 @@ def test_check_names_both_ways_out_with_their_price(tmp_path: Path) -> None:
 
 def test_indexer_path_follows_the_env_render_writes(tmp_path: Path) -> None:
     """The indexer term models the function SGLang calls under the role's rendered env file
-    (tests/parsers_real/test_indexer_path_vs_sglang.py runs SGLang's own dispatch on it): with
-    the bundled kernels on, render sets SGLANG_OPT_USE_TILELANG_INDEXER=0 and the hooked Triton
-    indexer scores; with them off, sglang's sm_120 default (TileLang), unless the role's env
-    turns TileLang off (the torch function)."""
+    (tests/parsers_real/test_indexer_path_vs_sglang.py runs SGLang's own dispatch on it): where
+    the role's indexer takes the bundled path (kernels.indexer), render sets
+    SGLANG_OPT_USE_TILELANG_INDEXER=0 and the hooked Triton indexer scores; on the engine's path
+    (the default), sglang's sm_120 default (TileLang), unless the role's env turns TileLang off
+    (the torch function)."""
     def detail(plan, role: str = "prefill") -> str:  # type: ignore[no-untyped-def]
         cap = next(c for c in plan.capacity if c.role == role)
         return cap.headroom_terms[-1].detail
 
-    on = plan_from_paths(PROFILES / "default.yaml")
+    on = _plan(tmp_path, **{"kernels.indexer": "bundled"})
     for role in ("prefill", "decode"):
         assert detail(on, role).startswith("dsv4ctl's Triton indexer hooked in place of the torch")
-    off = _plan(tmp_path, **{"kernels.enabled": False})
+    off = plan_from_paths(PROFILES / "default.yaml")
     assert detail(off).startswith("TileLang tilelang_fp8_paged_mqa_logits")
-    torch_fn = _plan(tmp_path, **{"kernels.enabled": False,
-                                  "topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}})
+    torch_fn = _plan(tmp_path, **{"topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}})
     assert detail(torch_fn).startswith("sm_120 torch function")
     assert detail(torch_fn, "decode").startswith("TileLang")  # only the prefill role's env says so
 
 
 def test_kernels_own_the_tilelang_switch(tmp_path: Path) -> None:
-    """With the bundled kernels on, a role cannot turn TileLang back on behind them: the plan
-    says which field to remove instead of rendering an engine that never calls the kernels."""
-    plan = _plan(tmp_path, **{"topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "1"}})
+    """With the bundled indexer, a role cannot turn TileLang back on behind it: the plan says
+    which field to remove instead of rendering an engine that never calls the kernel."""
+    plan = _plan(tmp_path, **{"kernels.indexer": "bundled",
+                              "topology.prefill.env": {"SGLANG_OPT_USE_TILELANG_INDEXER": "1"}})
     [err] = [c for c in plan.checks if c.severity == "error"]
     assert err.id == "profile.env-reserved"
     assert err.field == "topology.prefill.env.SGLANG_OPT_USE_TILELANG_INDEXER"
-    assert "kernels.enabled" in err.message and not plan.files
+    assert "kernels.indexer: bundled" in err.message and not plan.files

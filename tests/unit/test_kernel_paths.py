@@ -210,3 +210,20 @@ def test_a_release_planned_before_per_op_choices_still_reads_back() -> None:
         for role in ("prefill", "decode") for op in ("attention", "indexer", "mhc_pre")}
     dep.update(kernels_enabled=False)
     assert not Plan.model_validate(data).deployment.kernels_enabled
+
+
+def test_the_old_keys_map_and_conflict_only_with_an_explicit_other_choice() -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.profile.schema import Kernels
+
+    k = Kernels.model_validate({"enabled": False, "attention": "auto"})  # auto: the old key stands
+    assert (k.attention, k.indexer, k.mhc_pre) == ("engine", "engine", "engine")
+    assert k.legacy_keys == {"enabled": False} and "enabled" not in k.model_dump()
+    assert Kernels.model_validate({"bf16_gemms": False}).mhc_pre == "engine"
+    assert Kernels.model_validate({"enabled": True}).attention == "auto"
+    with pytest.raises(ValidationError, match=r"kernels\.enabled: false means kernels\.attention: "
+                                              r"engine, and kernels\.attention is 'bundled'"):
+        Kernels.model_validate({"enabled": False, "attention": "bundled"})
+    with pytest.raises(ValidationError, match=r"kernels\.enabled = 'yes': must be true or false"):
+        Kernels.model_validate({"enabled": "yes"})
