@@ -14,7 +14,9 @@ prompt). A rollback (:mod:`.fleet_rollback`) is the same driver with another mov
 
 The seam between waves: :meth:`FleetOps.verify_wave` runs after a wave's hosts are back (health
 and smoke passed); a reason it returns stops the run as a failed wave would (canary analysis
-plugs in there).
+plugs in there). The journal's layout and reader are :mod:`.fleet_journal`'s, the fleet's status
+and history :mod:`.fleet_view`'s. Just past 400 lines: a host's moves, the router and the journal
+writes share one table of connections and one fleet lock.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from orchestrator.apply.fleet_journal import journal_dir, read_journals, sequence_of
 from orchestrator.errors import DsvError, RemoteError
 from orchestrator.planner.targets import Targets, fleet_lock_name
 from orchestrator.planner_model import FleetPlan, Plan
@@ -363,53 +366,6 @@ class FleetOps:
             h: r for h, r in self.releases.items() if r}
 
 
-def journal_dir(root: str, profile_name: str) -> str:
-    """Where a fleet's run journals live on its lock host."""
-    return f"{root}/fleet/{profile_name}"
-
-
-def sequence_of(file_name: str) -> int | None:
-    """The run number of a journal file (``00000012.json``), None for any other name."""
-    stem, dot, ext = file_name.rpartition("/")[2].partition(".")
-    return int(stem) if dot and ext == "json" and stem.isdigit() else None
-
-
-def read_journals(remote: Any, root: str, profile_name: str, *, last: bool = False
-                  ) -> list[dict[str, Any]]:
-    """The fleet's run journals in the order the runs ran (by their sequence number; journals
-    written before runs were numbered, ``fleet/<profile>-<time>.json``, first, in name order).
-    ``last``: only the newest."""
-    d = shlex.quote(journal_dir(root, profile_name))
-    legacy = shlex.quote(f"{root}/fleet")
-    prefix = shlex.quote(profile_name + "-")
-    # one JSON document per line (jq-free): each journal file squeezed onto one line; the
-    # zero-padded numbers sort as the runs ran
-    pick = "| tail -n 1" if last else ""
-    res = remote.run(
-        f"{{ [ -d {d} ] && cd {d} && ls -1 -- | grep -E '^[0-9]+[.]json$' | sort {pick} | "
-        "while read -r f; do tr -d '\\n' < \"$f\"; echo; done; } ; "
-        + ("" if last else
-           f"{{ cd {legacy} 2>/dev/null && for f in $(ls -1 -- {prefix}*.json 2>/dev/null | sort); "
-           "do printf 'legacy '; tr -d '\\n' < \"$f\"; echo; done; }; ")
-        + "exit 0", timeout=60)
-    from orchestrator.host_data import fleet_journal
-
-    numbered: list[dict[str, Any]] = []
-    older: list[dict[str, Any]] = []
-    for n, line in enumerate(res.stdout.splitlines(), 1):
-        into = older if line.startswith("legacy ") else numbered
-        # host data (issue 31): a hostile journal crashed `history`; one that is not a fleet
-        # journal is shown as unreadable, the others as they are
-        try:
-            into.append(fleet_journal(line.removeprefix("legacy "),
-                                      f"fleet journal {n} on host '{remote.name}'"))
-        except DsvError as exc:
-            into.append({"kind": "unreadable", "started": "?", "exit_code": None,
-                         "stopped_after_wave": None, "reason": exc.message, "outcomes": []})
-    numbered.sort(key=lambda j: j.get("sequence") or 0)
-    return older + numbered
-
-
 def apply_fleet(targets: Targets, hosts: Mapping[str, Host], plans: Mapping[str, Plan],
                 strategy: Any, *, out: Out, command: str, saved: bool,
                 remotes: Mapping[str, Any] | None = None) -> tuple[Any, FleetOps, str | None]:
@@ -452,80 +408,3 @@ def targets_of(fleet: FleetPlan, *, selector: str | None = None,
 
     return resolve_targets(fleet.profile_name, fleet.hosts, fleet.router_on,
                            fleet.router_only_host, selector=selector, groups=groups)
-
-
-def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[str, Host], Any],
-                 command: str = "dsv4ctl status",
-                 connect: Callable[[str, Host], Any] | None = None) -> dict[str, Any]:
-    """The fleet at a glance: per host its current release, health (``status``: the single-host
-    status of :func:`orchestrator.apply.status`, run in parallel), host lock holder and router
-    membership (each of its engines listed healthy by the router); the last rollout's (or fleet
-    rollback's) journal, and the holder of the fleet lock when one is running now."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from orchestrator.remote.lock import is_locked, read_holder
-    from orchestrator.remote.router_api import RouterApiError
-
-    names = list(fleet.hosts) + ([fleet.router_only_host] if fleet.router_only_host else [])
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
-        reports = dict(zip(names, pool.map(lambda n: _safe_status(status, n, hosts[n]), names),
-                           strict=True))
-    ops = FleetOps(targets_of(fleet), hosts, {p.host: p for p in fleet.plans},
-                   out=lambda _s: None, command=command, connect=connect)
-    listed: dict[str, bool] | None = None
-    last: dict[str, Any] | None = None
-    running: str | None = None  # the fleet lock's holder: a rollout or rollback in progress
-    try:
-        try:
-            workers = {w.url: w.is_healthy for w in ops.router().workers()}
-            listed = {h: all(workers.get(u, False) for u, *_ in ops._workers(h))
-                      for h in fleet.hosts}
-        except (RouterApiError, DsvError):
-            listed = None
-        on = fleet.router_on or fleet.hosts[0]
-        name = fleet_lock_name(fleet.profile_name)
-        if is_locked(ops.remote(on), hosts[on].install_root, name):  # a rollout running now
-            h = read_holder(ops.remote(on), hosts[on].install_root, name)
-            running = h.describe() if h else "unknown holder"
-        found = read_journals(ops.remote(on), hosts[on].install_root, fleet.profile_name,
-                              last=True)
-        last = found[-1] if found else None
-    except DsvError:
-        pass
-    finally:
-        ops.close()
-    rows = []
-    for n in names:
-        rep = reports[n]
-        rows.append({
-            "host": n, "role": "router" if n == fleet.router_only_host else "engine",
-            "current": getattr(rep, "current", None),
-            "current_status": getattr(rep, "current_status", None),
-            "healthy": bool(getattr(rep, "healthy", False)),
-            "locked_by": getattr(rep, "locked_by", None),
-            "in_router": None if listed is None or n not in listed else listed[n],
-            "error": rep if isinstance(rep, str) else None,
-        })
-    return {"profile": fleet.profile_name, "router_on": fleet.router_on, "hosts": rows,
-            "router_answers": listed is not None, "last_rollout": last,
-            "in_progress": running}
-
-
-def _safe_status(status: Callable[[str, Host], Any], name: str, host: Host) -> Any:
-    try:
-        return status(name, host)
-    except DsvError as exc:
-        return exc.message
-
-
-def fleet_history(fleet: FleetPlan, hosts: dict[str, Host], *,
-                  command: str = "dsv4ctl history") -> list[dict[str, Any]]:
-    """Every run of the fleet's profile, in the order they ran: the fleet's journals on its
-    lock host (each host's own releases: ``history --host NAME``)."""
-    targets = targets_of(fleet)
-    ops = FleetOps(targets, hosts, out=lambda _s: None, command=command)
-    try:
-        on = targets.lock_on
-        return read_journals(ops.remote(on), hosts[on].install_root, fleet.profile_name)
-    finally:
-        ops.close()

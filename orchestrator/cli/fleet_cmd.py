@@ -289,7 +289,7 @@ def fleet_status(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
     the last rollout stopped. Exit 0 only when every host is healthy and in the router."""
     import json
 
-    from orchestrator.apply.fleet_ops import fleet_status as read_status
+    from orchestrator.apply.fleet_view import fleet_status as read_status
     from orchestrator.apply.status import status as get_status
 
     st = read_status(fleet, dict(hosts), status=get_status, command=command_line())
@@ -321,7 +321,7 @@ def fleet_history(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
     stopped."""
     import json
 
-    from orchestrator.apply.fleet_ops import fleet_history as read_history
+    from orchestrator.apply.fleet_view import fleet_history as read_history
 
     rollouts = read_history(fleet, dict(hosts), command=command_line())
     if chosen_format(fmt) == "json":

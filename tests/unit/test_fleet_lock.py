@@ -183,7 +183,7 @@ def test_concurrent_lock_attempts_one_wins(fleet: tuple[Any, dict[str, Any]]) ->
 def test_status_names_the_running_rollout(fleet: tuple[Any, dict[str, Any]]) -> None:
     """`status -p FLEET` while a rollout holds the fleet lock names it (the fleet lock's holder);
     once it is done, nothing is shown as running."""
-    from orchestrator.apply.fleet_ops import fleet_status
+    from orchestrator.apply.fleet_view import fleet_status
 
     plan, hosts = fleet
     first = FleetOps(targets_of(plan), hosts, out=lambda _s: None,
