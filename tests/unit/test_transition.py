@@ -238,7 +238,7 @@ def test_kernel_change_is_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
     # kernels off: no kernels.json, so a kernels commit changes nothing on such a host
     off = load_context(PROFILES / "default.yaml", None)
     off_prof = off.profile.model_copy(update={"kernels": off.profile.kernels.model_copy(
-        update={"enabled": False})})
+        update={"attention": "engine", "indexer": "engine", "mhc_pre": "engine"})})
     plan = build_plan(type(off)(off_prof, off.profile_path, off.profile_text, off.host_name,
                                 off.host, off.inventory_path))
     assert "kernels.json" not in {f.path for f in plan.files}
