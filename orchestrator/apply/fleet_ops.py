@@ -64,6 +64,9 @@ class FleetOps:
         # hosts prepared (release uploaded, host lock held) and not yet switched or cancelled
         self.prepared: dict[str, Any] = {}
         self.cancelled: dict[str, str | None] = {}  # host -> the prepared release not switched
+        # canary analysis (verify_wave): each wave's verdict, and the engines already compared
+        self.analyses: list[dict[str, Any]] = []
+        self.analysed: list[str] = []
         self._router_http: Any = None  # the router's authenticated client, made once
         # the run's journal (open_journal): its number and path on the lock host, the journal
         # of the run before it, and the number of the interrupted run this one resumes
@@ -285,9 +288,69 @@ class FleetOps:
 
     def verify_wave(self, hosts: list[str]) -> str | None:
         """After a wave's hosts moved and are back behind the router (their health and smoke
-        passed): a reason to stop the run here, or None to go on. The seam for a gate between
-        waves (e.g. canary analysis); nothing more is checked today."""
-        return None
+        passed): the canary analysis (``rollout.analysis``,
+        :mod:`orchestrator.monitoring.analysis`) compares the wave's engines with those not yet
+        moved, in the fleet's Prometheus; its verdict goes into the journal, and a failed one is
+        the reason the driver rolls the wave back. None: go on (no analysis configured, or a
+        wave without engines, as the router's own host)."""
+        from orchestrator.monitoring import analysis
+        from orchestrator.monitoring.prometheus import engine_targets
+
+        profile = next((self.profiles[h] for h in hosts if h in self.profiles), None)
+        wave = [i for h in hosts if h in self.plans
+                for i in analysis.engine_instances(self.plans[h].deployment)]
+        if profile is None or not wave:
+            return None
+        a, url = profile.rollout.analysis, profile.monitoring.prometheus_url
+        if not analysis.enabled(a, url):
+            return None
+        every = ([t for _, t in engine_targets(self.router_plan.deployment)]
+                 if self.router_plan is not None else
+                 [i for p in self.plans.values() for i in analysis.engine_instances(p.deployment)])
+        baseline = [i for i in every if i not in wave and i not in self.analysed]
+        if not self.router_up:
+            reason = ("not run: the fleet's router is not up yet (a first rollout), so no "
+                      "traffic reaches the wave to compare")
+            with self._lock:
+                self.analyses.append({"hosts": list(hosts), "passed": True, "reason": reason,
+                                      "requests": None, "comparisons": []})
+            self.say(hosts[0])(f"canary analysis {reason}")
+            return None
+        self.say(hosts[0])(f"canary analysis: {', '.join(hosts)} serve for "
+                           f"{analysis.wait_seconds(a):g} s, then {url} compares them with "
+                           f"{len(baseline)} engine(s) not yet moved")
+        verdict = analysis.run(a, url, profile.name, wave, baseline)
+        assert verdict is not None
+        with self._lock:
+            self.analysed.extend(wave)
+            self.analyses.append({"hosts": list(hosts), **verdict.to_dict()})
+        self.say(hosts[0])(f"canary analysis {'passed' if verdict.passed else 'FAILED'}: "
+                           f"{verdict.reason}")
+        return None if verdict.passed else f"canary analysis failed: {verdict.reason}"
+
+    def revert(self, host: str, why: str) -> None:
+        """A moved host whose wave failed the analysis: drained, back to the release it served
+        before (the single-host rollback and its rule, :func:`orchestrator.apply.rollback`),
+        then back into the router, verified through it."""
+        from orchestrator.apply import rollback
+        from orchestrator.apply.executor import raise_for
+        from orchestrator.release.record import rollback_target
+        from orchestrator.release.store import ReleaseStore
+
+        profile = self.profiles.get(host)
+        timeout = profile.rollout.strategy.drain_timeout_s if profile is not None else 120.0
+        if self.router_up:
+            self.drain(host, timeout)
+        store = ReleaseStore(self.remote(host), self.hosts[host].install_root)
+        target = rollback_target(store.read_records(), store.current())
+        res = rollback(host, self.hosts[host], target, out=self.say(host),
+                       command=f"{self.command} (canary analysis failed)",
+                       remote=self.remote(host))
+        self.results[host] = res
+        self.releases[host] = res.rolled_back_to
+        if res.status != "healthy":
+            raise_for(res)
+        self.restore(host)
 
     # -- the fleet's journal -------------------------------------------------------------------
     def open_journal(self) -> None:
@@ -352,6 +415,8 @@ class FleetOps:
             "releases": dict(sorted(self.releases.items())),
             # releases prepared (uploaded) on hosts the rollout stopped before: never switched
             "prepared_not_switched": dict(sorted(self.cancelled.items())),
+            # canary analysis between waves: each wave's verdict, with both numbers
+            "analysis": self.analyses,
         }
         if self.resumed is not None:
             record["resumes"] = self.resumed

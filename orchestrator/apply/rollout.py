@@ -66,8 +66,11 @@ class HostOps(Protocol):
     def drain(self, host: str, timeout_s: float) -> bool: ...  # True: drained to zero
     def switch(self, host: str) -> None: ...  # single-host apply; raises ApplyFailed
     def restore(self, host: str) -> None: ...  # back into the router, verified through it
-    # after a wave moved and is back (health and smoke passed): a reason to stop, or None
+    # after a wave moved and is back (health and smoke passed): a reason to roll it back, or None
     def verify_wave(self, hosts: list[str]) -> str | None: ...
+    # a moved host the gate failed: out of the router, back to its previous release, back in;
+    # raises DsvError when that fails
+    def revert(self, host: str, why: str) -> None: ...
     # every host prepared, before the first wave: the run's journal says it is under way
     def begin_waves(self, result: RolloutResult) -> None: ...
 
@@ -195,11 +198,12 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
                 + f" ({result.wave_s[-1]:.2f}s)")
             gate = ops.verify_wave(todo) if todo and not bad else None
             if gate is not None:
-                result.stopped_after = i
-                result.reason = f"after {kind} ({', '.join(todo)}): {gate}; the rollout stopped"
-                _cancel([h for w in plan[i + 1:] for h in w if changed.get(h)], ops, result,
-                        pool)
-                return result
+                # a wave that serves but fails the gate (canary analysis) goes back like one
+                # whose health check failed: each host to its previous release, counted as failed
+                _each(pool, lambda h, why=gate: _revert(h, ops, result, why), todo)
+                bad = list(todo)
+                failures += len(bad)
+                out(f"{kind}: {', '.join(todo)} rolled back: {gate}")
             if bad and ((i == 0 and strategy.canary) or failures > strategy.max_failures):
                 result.stopped_after = i
                 result.reason = (f"{'the canary' if i == 0 and strategy.canary else 'wave'} "
@@ -212,6 +216,18 @@ def run_rollout(hosts: list[str], ops: HostOps, strategy: Strategy, *,
             if i + 1 < len(plan) and strategy.pause_s > 0 and todo:
                 sleep(strategy.pause_s)
     return result
+
+
+def _revert(host: str, ops: HostOps, result: RolloutResult, why: str) -> None:
+    o = result.outcomes[host]
+    o.message = why
+    try:
+        ops.revert(host, why)
+        o.state = "rolled_back"
+    except DsvError as exc:
+        o.state = "rollback_failed"
+        o.message = f"{why}; rolling it back failed: {exc.message}"
+        result.errors[host] = exc
 
 
 def _cancel(hosts: list[str], ops: HostOps, result: RolloutResult,

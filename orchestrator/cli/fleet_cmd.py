@@ -353,3 +353,6 @@ def _rollout_lines(r: dict[str, Any], prefix: str) -> None:
         extra = (f" -> {releases[h]}" if releases.get(h) and o["state"] == "moved" else
                  f" ({prepared[h]} prepared, never switched to)" if prepared.get(h) else "")
         say(f"    {h:<16} wave {o['wave'] + 1}: {o['state']}{extra}")
+    for a in r.get("analysis") or []:
+        say(f"    canary analysis of {', '.join(a['hosts'])}: "
+            f"{'passed' if a['passed'] else 'FAILED'}: {a['reason']}")

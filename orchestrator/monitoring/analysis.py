@@ -13,9 +13,8 @@ address the router reaches each engine at, :func:`engine_instances`). The only I
 ``query`` callable (default :func:`prometheus_query`), so the plan can describe the analysis and
 tests can run it against a real Prometheus.
 
-Not yet called by the rollout driver: the profile fields (``rollout.analysis``,
-``monitoring.prometheus_url``) arrive together with the driver's per-wave call, so no profile
-can ask for an analysis that does not run.
+The rollout driver calls it between waves (:meth:`orchestrator.apply.fleet_ops.FleetOps.
+verify_wave`); a failed verdict rolls the wave back (:func:`orchestrator.apply.rollout.run_rollout`).
 """
 
 from __future__ import annotations
@@ -124,11 +123,11 @@ def describe_check(c: AnalysisCheck) -> str:
 def describe(a: Analysis, prometheus_url: str | None) -> list[str]:
     """What the plan says about the analysis (one line each), or that it is off and why."""
     if not a.checks:
-        return ["canary analysis: off (rollout.analysis sets no checks); waves gate on health "
+        return ["canary analysis: off: rollout.analysis sets no checks; waves gate on health "
                 "and the smoke prompt only"]
     if prometheus_url is None:
-        return ["canary analysis: off (monitoring.prometheus_url is not set); "
-                f"the {len(a.checks)} rollout.analysis check(s) will not run"]
+        return ["canary analysis: off: monitoring.prometheus_url is not set, so the "
+                f"{len(a.checks)} rollout.analysis check(s) will not run"]
     return [f"canary analysis: after each wave serves {wait_seconds(a):g} s, {prometheus_url} "
             f"compares it with the hosts not yet moved (at least {a.min_requests} requests):",
             *(f"  - {describe_check(c)}" for c in a.checks)]

@@ -39,7 +39,7 @@ from orchestrator.planner.rollout import fleet_downtime
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
 from orchestrator.planner_model import Check, FleetPlan, Plan
 from orchestrator.profile.inventory import Host
-from orchestrator.profile.schema import PDTopology
+from orchestrator.profile.schema import PDTopology, Profile
 
 # the host resolution this module's callers import from here (owned by .context)
 __all__ = ["FleetContext", "fleet_context", "fleet_hosts", "load_fleet", "placement_of",
@@ -71,6 +71,25 @@ def probe_fleet(fctx: FleetContext, gather: Callable[[str, Host], Facts], *,
         return dict([one(hosts[0])])
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts)))) as pool:
         return dict(pool.map(one, hosts))
+
+
+def analysis_check(profile: Profile) -> Check:
+    """What the rollout's canary analysis will do between waves, or that it is off (and why)."""
+    from orchestrator.monitoring import analysis
+
+    a, url = profile.rollout.analysis, profile.monitoring.prometheus_url
+    lines = analysis.describe(a, url)
+    if analysis.enabled(a, url):
+        return Check(id="rollout.analysis", severity="info",
+                     title="canary analysis between waves", message=" ".join(
+                         line.strip() for line in lines).removeprefix("canary analysis: "),
+                     field="rollout.analysis")
+    return Check(id="rollout.analysis-off", severity="warning" if a.checks else "info",
+                 title="canary analysis is off",
+                 message=lines[0].removeprefix("canary analysis: off: "),
+                 fix=("set monitoring.prometheus_url to the Prometheus that scrapes the fleet "
+                      "(the router host's monitoring/prometheus.yml)") if a.checks else None,
+                 field="monitoring.prometheus_url" if a.checks else "rollout.analysis")
 
 
 def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
@@ -108,6 +127,7 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
         router = next((p.deployment for p in plans if p.host == on), None)
         checks += router_flag_checks(router, fctx.profile) if router is not None else []
         checks += transfer_checks(fctx, plans)
+        checks.append(analysis_check(fctx.profile))
     checks = sort_checks(locate_checks(checks, fctx.profile_text, str(fctx.profile_path)))
     engine_hosts = [n for n, _ in fctx.hosts]
     strategy = fctx.profile.rollout.strategy

@@ -389,6 +389,13 @@ class Monitoring(_Strict):
         description="Port of the GPU exporter on each engine host (dcgm-exporter's default "
         "listener is :9400, NVIDIA dcgm-exporter command reference).",
     )
+    prometheus_url: Annotated[str, Field(pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?$",
+                                         max_length=300)] | None = Field(
+        default=None,
+        description="HTTP API base of the Prometheus that scrapes this deployment (for example "
+        "http://prom.internal:9090), read by rollout.analysis between waves. Unset: no canary "
+        "analysis (the plan says so).",
+    )
 
 
 class Qualify(_Strict):
@@ -493,6 +500,8 @@ class Rollout(_Strict):
         description="How long the restored release may take to become healthy again.")
     strategy: RolloutStrategy = Field(default_factory=RolloutStrategy,
                                       description="How a fleet moves: canary, waves, drains.")
+    analysis: Analysis = Field(default_factory=Analysis, description=(
+        "Canary analysis between the waves of a fleet rollout (needs monitoring.prometheus_url)."))
 
 
 class SecretRef(_Strict):

@@ -19,7 +19,7 @@ import yaml
 from orchestrator.monitoring import analysis, release_files
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import resolve_deployment
-from orchestrator.planner.fleet import fleet_context
+from orchestrator.planner.fleet import fleet_context, plan_fleet
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Analysis, Profile
 from tests.promtool.live import Prometheus
@@ -189,3 +189,38 @@ def test_the_verdict_survives_the_fleet_journal_reader() -> None:
     bad["analysis"][0]["comparisons"][0]["metric"] = "$(reboot)"
     with pytest.raises(DsvError):
         fleet_journal(json.dumps(bad), "j")
+
+
+def test_the_plan_shows_the_analysis_or_says_it_is_off() -> None:
+    def plan_check(**kw: Any) -> Any:
+        data = yaml.safe_load((data_dir("profiles") / "fleet-3x.yaml").read_text())
+        url = kw.pop("prometheus_url", "http://127.0.0.1:9090")
+        data["monitoring"] = {"prometheus_url": url} if url else {}
+        data.setdefault("rollout", {})["analysis"] = kw
+        text = yaml.safe_dump(data)
+        profile = load_text(Profile, text, "canary.yaml")
+        fp = plan_fleet(fleet_context(profile, text, None, INVENTORY))
+        return next(c for c in fp.checks if c.id.startswith("rollout.analysis"))
+
+    on = plan_check(checks=CHECKS)
+    assert on.id == "rollout.analysis" and on.severity == "info"
+    assert "http://127.0.0.1:9090" in on.message and "ttft_p95" in on.message
+    assert "at most 50% above the baseline's" in on.message and "at most 5%" in on.message
+    no_url = plan_check(checks=CHECKS, prometheus_url=None)
+    assert no_url.id == "rollout.analysis-off" and no_url.severity == "warning"
+    assert "monitoring.prometheus_url is not set" in no_url.message
+    assert no_url.field == "monitoring.prometheus_url"
+    nothing = plan_check()
+    assert nothing.id == "rollout.analysis-off" and nothing.severity == "info"
+
+
+def test_a_profile_check_needs_a_threshold_named_in_the_error() -> None:
+    import pytest
+
+    from orchestrator.errors import DsvError
+
+    data = yaml.safe_load((data_dir("profiles") / "fleet-3x.yaml").read_text())
+    data.setdefault("rollout", {})["analysis"] = {"checks": [{"metric": "tpot", "max": 1}]}
+    with pytest.raises(DsvError) as exc:
+        load_text(Profile, yaml.safe_dump(data), "canary.yaml")
+    assert "rollout.analysis.checks.0.metric" in repr(exc.value)

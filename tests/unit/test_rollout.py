@@ -19,6 +19,7 @@ class FakeOps:
         self.in_router = set()
         self.lock = threading.Lock()
         self.release: dict[str, str] = {}
+        self.gate: dict[str, str] = {}  # host -> why its wave fails the gate (canary analysis)
 
     def log(self, what: str, host: str) -> None:
         with self.lock:
@@ -51,7 +52,14 @@ class FakeOps:
         self.release[host] = "new"
 
     def verify_wave(self, hosts: list[str]) -> str | None:
-        return None
+        self.log("verify", "wave:" + ",".join(hosts))
+        return next((self.gate[h] for h in hosts if h in self.gate), None)
+
+    def revert(self, host: str, why: str) -> None:
+        self.log("revert", host)
+        if self.fail.get(host) == "revert":
+            raise RemoteError(f"{host} unreachable")
+        self.release[host] = "old"
 
     def begin_waves(self, result: object) -> None:
         pass
@@ -164,3 +172,31 @@ def test_listen_http_opens_the_tunnel_to_where_each_port_listens() -> None:
     assert seen == [(30000, "10.0.1.11", {"Authorization": "Bearer k"}),
                     (8000, "127.0.0.1", {"Authorization": "Bearer k"}),
                     (9999, "127.0.0.1", {"Authorization": "Bearer k", "X": "1"})]
+
+
+def test_a_wave_failing_the_gate_is_rolled_back_like_a_failed_health_check() -> None:
+    """Canary analysis: the canary moved and passed its health check, then fails the gate: it
+    goes back to its old release, the later waves are never switched, exit 3; the reason is
+    the gate's."""
+    ops = FakeOps()
+    ops.gate = {"h1": "canary analysis failed: ttft_p95 of the wave 0.99 s is 2.54x the "
+                      "baseline's 0.39 s"}
+    res = run_rollout(HOSTS[:3], ops, Strategy(canary=1, max_unavailable=1))
+    assert res.exit_code == ExitCode.ROLLED_BACK and res.stopped_after == 0
+    assert res.outcomes["h1"].state == "rolled_back"
+    assert "0.99 s" in res.outcomes["h1"].message and "0.39 s" in res.outcomes["h1"].message
+    assert ops.release == {"h1": "old", "h2": "old", "h3": "old"}
+    assert ("switch", "h2") not in ops.events
+    assert ops.events.index(("verify", "wave:h1")) < ops.events.index(("revert", "h1"))
+    # a later wave failing it counts against the budget, as a failed host does
+    ops = FakeOps()
+    ops.gate = {"h2": "canary analysis failed"}
+    res = run_rollout(HOSTS[:3], ops, Strategy(canary=1, max_unavailable=1, max_failures=1))
+    assert res.stopped_after is None and ops.release == {"h1": "new", "h2": "old", "h3": "new"}
+    assert res.exit_code == ExitCode.ROLLED_BACK
+    # a revert that fails is a rollback that failed
+    ops = FakeOps(fail={"h1": "revert"})
+    ops.gate = {"h1": "canary analysis failed"}
+    res = run_rollout(HOSTS[:2], ops, Strategy())
+    assert res.exit_code == ExitCode.ROLLBACK_FAILED
+    assert "rolling it back failed" in res.outcomes["h1"].message
