@@ -19,6 +19,7 @@ from orchestrator.cli.common import (
     accept_new_host_key_opt,
     command_line,
     confirm,
+    require_terminal,
     resolve_host,
     say,
 )
@@ -120,7 +121,7 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
         "the last healthy release before current" if targets.single else
         "its previous healthy release")
     if targets.single:
-        question = f"Roll host '{targets.moved[0]}' back to {to} (restarts the roles that differ)?"
+        question = _show_rollback(targets.moved[0], hosts[targets.moved[0]], release, yes)
     else:
         question = (f"Roll {targets.profile_name}'s {targets.describe()} back to {to}, draining "
                     "each through the router?")
@@ -131,6 +132,25 @@ def rollback(release: str | None, profile_path: Path | None, inventory: Path | N
                                         command=command_line(), release=release)
     return finish(result, ops, where, what=f"rollback of {targets.profile_name}",
                   verb="Rollback")
+
+
+def _show_rollback(name: str, host: object, release: str | None, yes: bool) -> str:
+    """Show, then ask: the transition a rollback of one host makes (read from the host as its
+    preflight reads it), printed before the question; returns the question."""
+    if not yes:
+        require_terminal("rollback")  # refuse before connecting: nobody could answer
+    from orchestrator.apply.preview import preview_rollback
+    from orchestrator.planner.report import transition_lines
+    from orchestrator.planner.transition import roles_restarted
+
+    target, actions, full = preview_rollback(name, host, release)
+    down = ("a full outage: no engine of the current release keeps serving until the restored "
+            "engines are ready (minutes)" if full else None)
+    echo(f"Rollback of host '{name}' to {target}:")
+    echo("\n".join(transition_lines(actions, down)))
+    restarts = roles_restarted(actions)
+    return (f"Roll host '{name}' back to {target}"
+            + (f"; restarts {', '.join(restarts)}" if restarts else "; restarts nothing") + "?")
 
 
 @click.command()

@@ -42,13 +42,18 @@ def is_plan_file(path: Path) -> bool:
         return False
 
 
-def confirm(what: str, question: str) -> None:
-    """Ask before changing a host; with nobody at a terminal to ask, refuse (Terraform's rule for
-    apply without -auto-approve): a script or a pipe must say --yes on purpose."""
+def require_terminal(what: str) -> None:
+    """Refuse when nobody is at a terminal to answer (Terraform's rule for apply without
+    -auto-approve): a script or a pipe must say --yes on purpose."""
     if not sys.stdin.isatty():
         raise DsvError(f"{what} needs confirmation and stdin is not a terminal; nothing was changed",
                        fix=f"run it from a terminal to answer the prompt, or pass --yes "
                            f"(`dsv4ctl {what} ... --yes`) in scripts")
+
+
+def confirm(what: str, question: str) -> None:
+    """Ask before changing a host; with nobody at a terminal to ask, refuse."""
+    require_terminal(what)
     if not click.confirm(question, default=False):
         raise DsvError(f"{what} cancelled at the prompt; nothing was changed",
                        fix="answer y, or pass --yes in scripts")
@@ -56,7 +61,7 @@ def confirm(what: str, question: str) -> None:
 
 def accept_new_host_key_opt(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--accept-new-host-key``: the explicit opt-in to trust a host seen for the first time
-    (OpenSSH's accept-new). Without it an unknown host key is refused (issue 19)."""
+    (OpenSSH's accept-new). Without it an unknown host key is refused."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, accept_new_host_key: bool, **kwargs: Any) -> Any:

@@ -175,6 +175,12 @@ def confirm_apply(run: Run, yes: bool) -> None:
     can show (values never enter it) — that restarts every running role there, so the question
     names each such host."""
     moved = [run.plans[h] for h in run.targets.moved]
+    if run.saved:  # show, then ask: a saved plan's transition before the question
+        from orchestrator.planner.report import transition_lines
+
+        for p in moved:
+            echo((f"host {p.host}: " if not run.targets.single else "")
+                 + "\n".join(transition_lines(p.actions)))
     errors = [c for p in moved for c in p.errors]
     if run.fleet is not None and not run.targets.single:
         errors += [c for c in run.fleet.checks if c.severity == "error" and not c.acknowledged]

@@ -65,6 +65,13 @@ def _action_line(a: Action) -> str:
     return f"{_SYMBOL[a.kind]:>2} {a.target}" + (f"  ({reason})" if reason else "")
 
 
+def transition_lines(actions: Sequence[Action], downtime: str | None = None) -> list[str]:
+    """What a change does, as plan prints it: the summary line, each action with its reason and
+    downtime, then the downtime (apply of a saved plan and rollback print it before asking)."""
+    lines = [plan_line(actions), *(f"  {_action_line(a)}" for a in actions)]
+    return lines + ([f"  downtime: {downtime}"] if downtime else [])
+
+
 def _check_counts(checks: Sequence[Check]) -> str:
     err = sum(1 for c in checks if c.severity == "error")
     warn = [c for c in checks if c.severity == "warning"]

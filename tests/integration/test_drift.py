@@ -109,3 +109,25 @@ def test_rollback_works_when_the_current_release_directory_is_gone(
     env.fake.exec(f"rm -rf {ROOT}/releases/{r2}", check=True)
     assert env.cli("rollback", r1, "--host", "h") == 0
     env.assert_recovered(r1)
+
+
+def test_rollback_and_a_saved_plan_show_their_transition_before_they_start(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """The prompt said `Roll host 'box' back ... (restarts the roles that differ)? [y/N]` and
+    only after `y` printed `3 to restart`: the transition is shown first (here with --yes, the
+    same lines the prompt follows)."""
+    from tests.integration.test_apply import decode_knob
+
+    r1, _ = _second_release(env)
+    capsys.readouterr()
+    assert env.cli("rollback", r1, "--host", "h") == 0
+    out = capsys.readouterr().out
+    shown = out.index(f"Rollback of host 'h' to {r1}:")
+    assert out.index("1 to restart", shown) < out.index("preflight"), out
+    assert "~> dsv4-itest-decode.service" in out[shown:out.index("preflight")]
+    # a saved plan: its actions before "Applying"
+    saved = env.save(env.plan(decode_knob(env, 32)), "again.json")
+    capsys.readouterr()
+    assert env.cli("apply", str(saved)) == 0
+    out = capsys.readouterr().out
+    assert out.index("1 to restart") < out.index("Applying"), out

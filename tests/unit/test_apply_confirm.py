@@ -94,7 +94,8 @@ def test_rollback_without_yes_refuses_when_stdin_is_not_a_terminal(
     assert "rollback needs confirmation and stdin is not a terminal" in capsys.readouterr().err
 
 
-def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", _Pipe())
     called: list[str | None] = []
 
@@ -107,6 +108,17 @@ def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch) -> None:
                                                             results={targets.moved[0]: res}), None)
 
     monkeypatch.setattr(fleet_rollback, "rollback_fleet", fake_rollback)
+    from orchestrator.apply import preview
+    from orchestrator.planner_model import Action
+
+    shown = [Action(kind="restart", target="dsv4-default-decode.service", roles=["decode"],
+                    reason="bin/launch-decode.sh changed", downtime="minutes")]
+    monkeypatch.setattr(preview, "preview_rollback", lambda name, host, release: (
+        release, shown, False))
     inv = str(data_dir("profiles") / "inventory.yaml")
     assert main(["rollback", "r1", "--yes", "--host", "gpu-host", "--inventory", inv]) == 0
     assert called == ["r1"]
+    out = capsys.readouterr().out
+    # show, then act: the transition before the rollback runs
+    assert out.index("Rollback of host 'gpu-host' to r1:") < out.index("1 to restart") \
+        < out.index("rolled back")
