@@ -90,12 +90,30 @@ def history(host_name: str, host: Host) -> list[HistoryRow]:
         rows.append(HistoryRow(
             id=r.id, created=r.created, status=r.status, reason=r.reason, current=r.id == current,
             restarted=r.restarted_roles, failed_step=failed,
-            events=[f"{e.time} {e.kind} {e.other or ''}".strip() for e in r.events],
+            events=[event_line(e) for e in sorted(r.events, key=lambda e: e.time)],
             qualification=r.qualification.model_dump(mode="json") if r.qualification else None,
             pool=[m.model_dump(mode="json") for m in r.pool],
             kernels=[k.model_dump(mode="json") for k in r.kernels],
             kernel_paths={role: dict(ops) for role, ops in r.kernel_paths.items()}))
     return rows
+
+
+def event_line(e: Any) -> str:
+    """One event of a release, in words that read the right way round from that release's row
+    (``rollback-to r2`` on r1's row read as "r1 rolled back to r2", the opposite of what
+    happened)."""
+    other = e.other or "?"
+    failed = e.result == "failed"
+    if e.kind == "rollback-to":
+        text = (f"rollback to this release from {other} failed" if failed
+                else f"rolled back to this release from {other}")
+    elif e.kind == "rolled-back-from":
+        text = f"rolled back from this release to {other}"
+    else:
+        text = f"{e.kind}{' failed' if failed else ''}"
+    if e.detail:
+        text += f": {e.detail}"
+    return f"{e.time} {text}"
 
 
 def pool_line(m: dict[str, Any]) -> str:

@@ -511,6 +511,9 @@ def test_explicit_rollback_history_status(env: Env, capsys: pytest.CaptureFixtur
     assert env.cli("history", "--host", "h") == 0
     out = capsys.readouterr().out
     assert f"* {r1}" in out and f"  {r2}" in out
+    # the events read the right way round on each release's row
+    assert f"rolled back to this release from {r2}" in out.split(f"  {r2}")[0]
+    assert f"rolled back from this release to {r1}" in out.split(f"  {r2}")[1]
     assert env.cli("status", "--host", "h") == 0
     out = capsys.readouterr().out
     assert f"current release {r1} (healthy)" in out and "no drift" in out
