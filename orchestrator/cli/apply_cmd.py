@@ -27,6 +27,8 @@ from orchestrator.cli.options import host_option, inventory_option, profile_opti
 from orchestrator.cli.output import chosen_format, echo, format_option, json_alias_option
 
 _inventory_opt = inventory_option()
+_RUN_JSON = ("json: the progress goes to stderr and stdout gets one document at the end: each "
+             "host's status, release, what was done and not, how to recover, and the exit code.")
 _host_opt = host_option()
 
 
@@ -40,7 +42,9 @@ _host_opt = host_option()
                    "when stdin is not one.")
 @accept_new_host_key_opt
 @verbose_option()
-def apply(source: Path | None, inventory: Path | None, host_name: str | None, yes: bool) -> int:
+@format_option(("text", "json"), help_text=_RUN_JSON)
+def apply(source: Path | None, inventory: Path | None, host_name: str | None, yes: bool,
+          fmt: str) -> int:
     """Roll a profile (or a saved plan) out to its host, with health checks and rollback.
 
     \b
@@ -94,8 +98,9 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
               help="Do not ask for confirmation. Without it, rollback asks at a terminal and "
                    "refuses when stdin is not one.")
 @verbose_option()
+@format_option(("text", "json"), help_text=_RUN_JSON)
 def rollback(release: str | None, profile_path: Path | None, inventory: Path | None,
-             host_name: str | None, yes: bool) -> int:
+             host_name: str | None, yes: bool, fmt: str) -> int:
     """Make RELEASE current again (default: the last healthy release before current); on a
     fleet, every host wave by wave.
 

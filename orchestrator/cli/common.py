@@ -53,8 +53,10 @@ def require_terminal(what: str) -> None:
 
 def confirm(what: str, question: str) -> None:
     """Ask before changing a host; with nobody at a terminal to ask, refuse."""
+    from orchestrator.cli.output import FORMAT
+
     require_terminal(what)
-    if not click.confirm(question, default=False):
+    if not click.confirm(question, default=False, err=FORMAT.get() == "json"):
         raise DsvError(f"{what} cancelled at the prompt; nothing was changed",
                        fix="answer y, or pass --yes in scripts")
 

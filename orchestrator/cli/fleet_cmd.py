@@ -221,13 +221,56 @@ def confirm_apply(run: Run, yes: bool) -> None:
                      f"{s.canary}, then {s.max_unavailable} at a time){tail}?")
 
 
+def _json_document(result: Any, ops: Any, where: str | None, verb: str) -> int:
+    """``apply/rollback --format json``: one document on stdout at the end (the progress went to
+    stderr): each host's outcome, result, what was done and not and how to recover, and the
+    exit code the run returns (the same as the text run's)."""
+    import json
+
+    from orchestrator.apply.executor import raise_for
+    from orchestrator.cli.output import echo
+    from orchestrator.cli.rerun import complete
+
+    hosts: dict[str, Any] = {}
+    code = 0
+    for h in ops.targets.moved:
+        res, err = ops.results.get(h), result.errors.get(h)
+        entry: dict[str, Any] = {}
+        if res is not None:
+            entry = {"status": res.status, "release": res.release, "message": res.message,
+                     "done": list(res.done), "not_done": list(res.not_done),
+                     "recovery": complete(res.recovery) if res.recovery else None,
+                     "rolled_back_to": res.rolled_back_to}
+            try:
+                raise_for(res)
+            except DsvError as exc:
+                code = max(code, int(exc.exit_code))
+        elif err is not None:
+            entry = {"status": "refused", "message": getattr(err, "message", str(err)),
+                     "fix": complete(err.fix) if getattr(err, "fix", None) else None}
+            code = max(code, int(getattr(err, "exit_code", 1)))
+        o = getattr(result, "outcomes", {}).get(h)
+        if o is not None:
+            entry.update(wave=o.wave + 1, state=o.state, drained=o.drained)
+        hosts[h] = entry
+    if not ops.targets.single and result.exit_code:
+        code = int(result.exit_code)
+    echo(json.dumps({"ok": code == 0, "command": verb.lower(), "exit_code": code,
+                     "reason": result.reason, "journal": where, "hosts": hosts},
+                    indent=2, sort_keys=True), raw=True)
+    return code
+
+
 def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) -> int:
     """Print a run's end. The fleet of one: its host's own result, as the single host always
     printed it (its exit code, its fix). A fleet: each host's outcome, where the journal is, and
     the stop (its exit code)."""
     from orchestrator.apply.rollout import RolloutStopped
+    from orchestrator.cli.output import FORMAT
 
     t = ops.targets
+    if FORMAT.get() == "json":
+        return _json_document(result, ops, where, verb)
     if t.single:
         host = t.moved[0]
         if host in result.errors and host not in ops.results:

@@ -131,6 +131,9 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
     from orchestrator.cli.rerun import complete
 
     text = complete(text)  # a printed command carries this run's -p, -i and --host
+    # with --format json, stdout is the JSON document alone: every line for humans (progress,
+    # the plan shown before a prompt) goes to stderr
+    err = err or FORMAT.get() == "json"
     console = _console(err)
     cols = min(console.width, MAX_WIDTH) if console.is_terminal else console.width
     lines = text.split("\n")

@@ -131,3 +131,33 @@ def test_rollback_and_a_saved_plan_show_their_transition_before_they_start(
     assert env.cli("apply", str(saved)) == 0
     out = capsys.readouterr().out
     assert out.index("1 to restart") < out.index("Applying"), out
+
+
+def test_apply_and_rollback_answer_one_json_document(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """`--format json` on apply and rollback: stdout is one document at the end (the progress
+    went to stderr), with each host's result and the run's exit code."""
+    import json
+
+    from tests.integration.test_apply import decode_knob, rule
+
+    r1 = first_release(env)
+    capsys.readouterr()
+    prof = env.profile_file(decode_knob(env, 32), "p2.yaml")
+    assert env.cli("apply", str(prof), "--format", "json") == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    h = doc["hosts"]["h"]
+    assert doc["ok"] and doc["exit_code"] == 0 and h["status"] == "healthy"
+    assert h["release"] == env.current() != r1 and "Endpoints:" in h["message"]
+    assert "preflight" in out.err  # the progress, for humans, on stderr
+    assert env.cli("rollback", r1, "--host", "h", "--format", "json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"] == "rollback" and doc["hosts"]["h"]["status"] == "healthy"
+    # a failed apply: the same document, its exit code (3: rolled back) and how to recover
+    env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 16", {"never_ready": True}))
+    prof3 = env.profile_file(decode_knob(env, 16), "p3.yaml")
+    rc = env.cli("apply", str(prof3), "--format", "json")
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 3 == doc["exit_code"] and not doc["ok"]
+    assert doc["hosts"]["h"]["status"] == "rolled-back" and doc["hosts"]["h"]["recovery"]
