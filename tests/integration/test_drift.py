@@ -74,6 +74,14 @@ def test_replace_restarts_one_role_through_the_plan(env: Env,  # noqa: F811
     out = capsys.readouterr().out
     assert rc == 2 and "replaced on request" in out, out
     assert "1 to restart" in out
+    # saved and applied, the replace restarts decode and nothing else, and says so
+    saved = env.tmp / "replace.json"
+    assert env.cli("plan", str(profile), "--host", "h", "--live", "--replace", "decode",
+                   "-o", str(saved)) == 0
+    before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
+    assert env.cli("apply", str(saved)) == 0
+    assert {m: env.starts(m) for m in before} == {**before, "decode": before["decode"] + 1}
+    assert env.record(env.current())["restarted_roles"] == ["decode"]
 
 
 def _second_release(env: Env) -> tuple[str, str]:  # noqa: F811
