@@ -286,7 +286,8 @@ def _fleet_downtime(d: Any, a: Any, b: Any, profile: Any) -> Any:
                for p in b.plans}
     roles = {p.host: [r.name for r in p.deployment.roles] for p in b.plans}
     s = profile.rollout.strategy
-    down = fleet_downtime(b.hosts, actions, roles, s.canary, s.max_unavailable)
+    down = fleet_downtime(b.hosts, actions, roles, s.canary, s.max_unavailable,
+                          s.drain_timeout_s)
     if down is None:
         return d
     return dataclasses.replace(d, outage=down.outage, downtime=down.text)

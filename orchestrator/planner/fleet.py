@@ -133,7 +133,7 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
     strategy = fctx.profile.rollout.strategy
     down = fleet_downtime(engine_hosts, {p.host: p.actions for p in plans},
                           {p.host: [r.name for r in p.deployment.roles] for p in plans},
-                          strategy.canary, strategy.max_unavailable)
+                          strategy.canary, strategy.max_unavailable, strategy.drain_timeout_s)
     return FleetPlan(
         downtime=down.text if down else None,
         outage=down.outage if down else None,

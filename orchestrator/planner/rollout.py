@@ -39,8 +39,8 @@ def _engines_down(actions: Sequence[Action]) -> set[str]:
 
 
 def fleet_downtime(order: Sequence[str], actions: Mapping[str, Sequence[Action]],
-                   roles: Mapping[str, Sequence[str]], canary: int, max_unavailable: int
-                   ) -> Downtime | None:
+                   roles: Mapping[str, Sequence[str]], canary: int, max_unavailable: int,
+                   drain_timeout_s: float | None = None) -> Downtime | None:
     """The downtime of a fleet's change (None for a fleet of one: the host's own actions say
     it). ``order``: the engine hosts in rollout order; ``actions``: each host's transition
     (the router's host among them); ``roles``: the engine roles each host runs."""
@@ -68,6 +68,9 @@ def fleet_downtime(order: Sequence[str], actions: Mapping[str, Sequence[Action]]
                     f"host runs it, so requests fail until its engines are ready (minutes)"
                     + router))
     widest = max(len([h for h in w if down[h]]) for w in plan)
+    if drain_timeout_s == 0:  # no drain: what runs on a host when it leaves the router is cut
+        router += ("; drain_timeout_s 0: requests still running on a host when it leaves the "
+                   "router fail")
     return Downtime(False, (
         f"no outage: the rollout drains {widest} host{'s' if widest != 1 else ''} at a time "
         f"through the router ({'canary ' + str(canary) + ', then ' if canary else ''}"

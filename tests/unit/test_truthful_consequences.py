@@ -95,3 +95,11 @@ def test_the_one_rule_of_waves() -> None:
         s = Strategy(canary=canary, max_unavailable=step)
         assert waves(hosts, s) == plan_waves(hosts, canary, step)
     assert plan_waves(hosts, 1, 2) == [["a"], ["b", "c"], ["d", "e"]]
+
+
+def test_no_drain_says_running_requests_fail(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    d = _diff(tmp_path, capsys, "fleet-3x.yaml", [("topology.engine.cuda_graph_max_bs", 32),
+                                                  ("rollout.strategy.drain_timeout_s", 0)])
+    assert d["summary"]["outage"] is False
+    assert "drain_timeout_s 0: requests still running on a host" in d["summary"]["downtime"]
