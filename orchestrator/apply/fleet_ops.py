@@ -13,10 +13,11 @@ through the router (each listed healthy, then one generation through it with the
 prompt). A rollback (:mod:`.fleet_rollback`) is the same driver with another move.
 
 The seam between waves: :meth:`FleetOps.verify_wave` runs after a wave's hosts are back (health
-and smoke passed); a reason it returns stops the run as a failed wave would (canary analysis
-plugs in there). The journal's layout and reader are :mod:`.fleet_journal`'s, the fleet's status
-and history :mod:`.fleet_view`'s. Just past 400 lines: a host's moves, the router and the journal
-writes share one table of connections and one fleet lock.
+and smoke passed) and asks the canary analysis (``rollout.analysis``); a failed verdict has the
+driver :meth:`FleetOps.revert` the wave (drain, previous release, back in) and count it failed, as
+a failed health check is. The journal's layout and reader are :mod:`.fleet_journal`'s, the
+fleet's status and history :mod:`.fleet_view`'s. Past 400 lines (~475): a host's moves, its
+revert, the router and the journal writes share one table of connections and one fleet lock.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ release so the operator can re-run it on the host.
 Everything here is a pure function of (profile, deployment): no clock, stable key order.
 Metric names come from :mod:`orchestrator.monitoring.metrics` (sources cited there).
 
-Just past 400 lines: each alert sits beside its own firing and quiet promtool cases, so an alert
-cannot be changed without the test that pins it being in view.
+About 550 lines: each alert sits beside its own firing and quiet promtool cases, so an alert
+cannot be changed without the test that pins it being in view (the GPU alerts and the plan's
+per-GPU rules included).
 """
 
 from __future__ import annotations
