@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.deployment import Deployment
 from orchestrator.errors import RenderError
+from orchestrator.exposure import classify_listen
 from orchestrator.monitoring.metrics import ITL_MAX_BUCKET_S, MIB, TTFT_MAX_BUCKET_S
 from orchestrator.profile.schema import Profile
 
@@ -89,6 +90,15 @@ def gpu_targets(profile: Profile, dep: Deployment) -> list[str]:
     return [f"{h}:{profile.monitoring.gpu_exporter_port}" for h in hosts]
 
 
+def _router_metrics_address(host: str) -> str:
+    """Where the host's Prometheus reaches the router's metrics: the router serves them on its own
+    listen address (render/argv.py ``--prometheus-host``), so on that address unless it is every
+    interface (then loopback answers too)."""
+    if classify_listen(host) == "all":
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
     """prometheus.yml for a Prometheus on the deployment's host: engines that listen on loopback
     only (``orchestrator.render.argv.ENGINE_HOST``) are scraped at 127.0.0.1:<port>, a fleet's at
@@ -112,7 +122,8 @@ def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
                 "metrics_path": "/metrics",
                 "static_configs": [
                     {
-                        "targets": [f"127.0.0.1:{dep.router.prometheus_port}"],
+                        "targets": [f"{_router_metrics_address(dep.router.host)}:"
+                                    f"{dep.router.prometheus_port}"],
                         "labels": {"deployment": dep.name, "role": "router"},
                     }
                 ],

@@ -3,9 +3,11 @@
 Each listener is classified by :func:`orchestrator.exposure.classify_listen` (the one owner of that
 classification; status prints the same words). The rules:
 
-- an engine on every interface (``service_address: 0.0.0.0`` or ``::``) is an error unless the
-  profile acknowledges ``exposure.all-interfaces``: it reaches every network the host is on,
-  management and public ones included, and the private network between the hosts was the intent;
+- a listener on every interface (an engine's ``service_address: 0.0.0.0`` or ``::``, or
+  ``topology.router.host`` set so) is an error unless the profile acknowledges
+  ``exposure.all-interfaces``: it reaches every network the host is on, management and public ones
+  included, where the private network between the hosts (for an engine) or the clients' network
+  (for the router) was the intent;
 - any endpoint beyond loopback without an API key is a warning (``exposure.no-key``): whoever can
   reach the address can use the model, and the engines' admin endpoints with it.
 
@@ -13,11 +15,15 @@ classification; status prints the same words). The rules:
   writing request data elsewhere (``foreign_code_flags``, with the engine's own words as the source)
   is an error unless the profile acknowledges ``engine.foreign-code-flag``.
 
-The router is the deployment's client-facing endpoint and listens on every interface by default
-(``topology.router.host``), so for it only the missing key is reported.
+Engines and the router go through the same two rules (one loop, :func:`exposure_checks`); what
+differs is only the field that sets the address and so the fix. The router listens on loopback
+unless the profile says otherwise (``topology.router.host``); in a fleet the router reaches the
+engines at their hosts' ``service_address``, which is the engines' bind, not the router's.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from orchestrator.catalog import EngineRules
 from orchestrator.deployment import Deployment
@@ -30,45 +36,65 @@ SOURCE = ("SGLang 0.5.23 server_args.py: --api-key unset serves every request, /
           "/update_weights_* and /abort_request included")
 
 
+class _Listener(NamedTuple):
+    """One socket the deployment listens on, with what its two findings say about it."""
+    subject: str  # a role's name, or "router"
+    who: str  # "role decode", "the router"
+    kind: str  # "engine" | "router": the check's title
+    address: str
+    port: int
+    field: str  # the field that sets the address
+    key: str | None  # the secret name of the key that guards it
+    narrow: str  # the all-interfaces fix: how to bind less, or acknowledge it
+    key_fix: str  # the no-key fix
+    exposes: str  # what whoever reaches it can use
+    key_field: str  # where the no-key finding points
+
+
+def _listeners(dep: Deployment) -> list[_Listener]:
+    engine_key, router_key = api_key_names(dep)
+    out = [_Listener(
+        role.name, f"role {role.name}", "engine", role.listen, role.port, "host.service_address",
+        engine_key,
+        "set service_address to the host's address on the private network between the hosts, "
+        "or acknowledge exposure.all-interfaces with the reason (a firewall that admits only the "
+        "router, say)",
+        "set secrets.DSV4_SECRET_API_KEY (the router sends it to the engines), or acknowledge "
+        "exposure.no-key when the network itself admits only the router",
+        "the model and the engine's admin endpoints", f"topology.{role.name}")
+        for role in dep.roles]
+    r = dep.router
+    if r is not None:
+        out.append(_Listener(
+            "router", "the router", "router", r.host, r.port, "topology.router.host", router_key,
+            "set topology.router.host to the address clients use (or remove it: 127.0.0.1, this "
+            "host only), or acknowledge exposure.all-interfaces with the reason (a firewall that "
+            "admits only the clients, say) and set secrets.DSV4_SECRET_API_KEY",
+            "set secrets.DSV4_SECRET_API_KEY (or DSV4_SECRET_ROUTER_API_KEY), or set "
+            "topology.router.host to 127.0.0.1, or acknowledge exposure.no-key",
+            "the model", "topology.router.host"))
+    return out
+
+
 def exposure_checks(dep: Deployment) -> list[Check]:
     """The exposure findings of one host's deployment (see the module's rules)."""
     out: list[Check] = []
-    engine_key, router_key = api_key_names(dep)
-    for role in dep.roles:
-        where = classify_listen(role.listen)
+    for lst in _listeners(dep):
+        where = classify_listen(lst.address)
         if where == "all":
             out.append(check(
-                "exposure.all-interfaces", "error", "engine listens on every interface",
-                f"role {role.name} listens on {role.listen}:{role.port}, "
+                "exposure.all-interfaces", "error", f"{lst.kind} listens on every interface",
+                f"{lst.who} listens on {lst.address}:{lst.port} ({lst.field}), "
                 f"{DESCRIPTION['all']}",
-                "set service_address to the host's address on the private network between the "
-                "hosts, or acknowledge exposure.all-interfaces with the reason (a firewall that "
-                "admits only the router, say)",
-                subject=role.name, field="host.service_address", source=SOURCE,
-                address=role.listen, port=role.port))
-        if where != "loopback" and engine_key is None:
+                lst.narrow, subject=lst.subject, field=lst.field, source=SOURCE,
+                address=lst.address, port=lst.port))
+        if where != "loopback" and lst.key is None:
             out.append(check(
                 "exposure.no-key", "warning", "endpoint beyond loopback without an API key",
-                f"role {role.name} listens on {role.listen}:{role.port} "
-                f"({DESCRIPTION[where]}) and no API key is set: whoever reaches it can use the "
-                "model and the engine's admin endpoints",
-                "set secrets.DSV4_SECRET_API_KEY (the router sends it to the engines), or "
-                "acknowledge exposure.no-key when the network itself admits only the router",
-                subject=role.name, field=f"topology.{role.name}", source=SOURCE,
-                address=role.listen, port=role.port))
-    r = dep.router
-    if r is not None:
-        where = classify_listen(r.host)
-        if where != "loopback" and router_key is None:
-            out.append(check(
-                "exposure.no-key", "warning", "endpoint beyond loopback without an API key",
-                f"the router listens on {r.host}:{r.port} ({DESCRIPTION[where]}) and no API "
-                "key is set: whoever reaches it can use the model",
-                "set secrets.DSV4_SECRET_API_KEY (or DSV4_SECRET_ROUTER_API_KEY), or set "
-                "topology.router.host to 127.0.0.1 or the address clients use, or acknowledge "
-                "exposure.no-key",
-                subject="router", field="topology.router.host", source=SOURCE,
-                address=r.host, port=r.port))
+                f"{lst.who} listens on {lst.address}:{lst.port} ({DESCRIPTION[where]}) and no "
+                f"API key is set: whoever reaches it can use {lst.exposes}",
+                lst.key_fix, subject=lst.subject, field=lst.key_field, source=SOURCE,
+                address=lst.address, port=lst.port))
     return out
 
 

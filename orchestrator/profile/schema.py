@@ -203,7 +203,12 @@ class PrefillRole(Role):
 
 class Router(_Strict):
     host: Annotated[str, Field(pattern=r"^[0-9a-fA-F.:]+$")] = Field(
-        default="0.0.0.0", description="Address the router listens on (clients connect here)."
+        default="127.0.0.1",
+        description="Address the router listens on (clients connect here). Default: loopback, "
+        "reachable only from the router's own host. To serve clients elsewhere, set the host's "
+        "address on the clients' network, or 0.0.0.0 / :: (every interface, which plan refuses "
+        "unless the profile acknowledges exposure.all-interfaces); beyond loopback, set an API "
+        "key too (secrets.DSV4_SECRET_API_KEY or DSV4_SECRET_ROUTER_API_KEY).",
     )
     port: Port = Field(default=8000, description="Client-facing port.")
     prometheus_port: Port = Field(default=29000, description="Router metrics port.")

@@ -47,6 +47,7 @@ import paramiko
 from fabric import Connection
 
 from orchestrator.errors import RemoteError
+from orchestrator.exposure import classify_listen
 from orchestrator.facts import ConnectionFact
 from orchestrator.profile.inventory import Host
 from orchestrator.remote.diagnose import classify
@@ -725,7 +726,8 @@ def listen_http(http: Callable[..., Any], dep: Any, headers: dict[str, str] | No
     router_port = None
     if dep.router is not None:
         router_port = dep.router.port
-        if dep.router.host not in ("0.0.0.0", "::"):
+        # a router on every interface answers on loopback too; on one address only there
+        if classify_listen(dep.router.host) != "all":
             where[dep.router.port] = dep.router.host
 
     def call(method: str, port: int, path: str, **kw: Any) -> Any:

@@ -44,6 +44,11 @@ ROOT = "/srv/dsv4"
 TOTAL_SIZE = 158_000_000_000
 
 
+# the harness's only way in from the root namespace is the host's bridge address
+ALL_INTERFACES = {"id": "exposure.all-interfaces",
+                  "reason": "test harness: clients reach the router from outside the host's netns"}
+
+
 def profile_dict(name: str = "itest", **over: Any) -> dict[str, Any]:
     """A PD 4+4 profile with test-sized timeouts (the simulator starts in well under a second)."""
     d: dict[str, Any] = {
@@ -55,7 +60,10 @@ def profile_dict(name: str = "itest", **over: Any) -> dict[str, Any]:
         "topology": {"mode": "pd", "transfer_backend": "mooncake_tcp",
                      "prefill": {"gpus": [0, 1, 2, 3], "tp": 4, "ep": 4},
                      "decode": {"gpus": [4, 5, 6, 7], "tp": 4, "ep": 4},
-                     "router": {"port": 8000, "prometheus_port": 29000}},
+                     # the controller reaches the router from outside the host's network
+                     # namespace, so on every interface, acknowledged (the default is loopback)
+                     "router": {"host": "0.0.0.0", "port": 8000, "prometheus_port": 29000}},
+        "acknowledge": [ALL_INTERFACES],
         "kernels": {"enabled": False},
         "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3, "stability_window_s": 1.5},
         "rollout": {"keep_releases": 3, "rollback_timeout_s": 20},

@@ -50,7 +50,8 @@ def test_plan_lists_drift_apply_repairs_it_status_agrees(env: Env,  # noqa: F811
     assert after == {**before, "decode": before["decode"] + 1, "prefill": before["prefill"] + 1}
     # the installed unit is the release's again, and the release's launch script is whole
     applied = capsys.readouterr().out
-    # apply ends with where clients connect: the router on every interface, no key
+    # apply ends with where clients connect: the router on every interface (the harness profile
+    # sets it, acknowledged), no key
     router_line = f"http://{env.host.address}:8000/v1  (router; every interface; no API key)"
     tail = applied.split("Apply complete:", 1)[1]
     assert tail.splitlines()[1] == "Endpoints:" and router_line in tail, applied[-600:]

@@ -53,7 +53,12 @@ def profile(**serving: Any) -> dict[str, Any]:
         "topology": {"mode": "colocated",
                      "engine": {"gpus": [0, 1, 2, 3, 4, 5, 6, 7], "tp": 8, "ep": 8,
                                 "attn_dp": 8, **serving},
-                     "router": {"runs_on": "router-1", "port": 8000, "prometheus_port": 29000}},
+                     # reached from outside router-1's network namespace (the default is
+                     # loopback): every interface, acknowledged
+                     "router": {"runs_on": "router-1", "host": "0.0.0.0", "port": 8000,
+                                "prometheus_port": 29000}},
+        "acknowledge": [{"id": "exposure.all-interfaces",
+                         "reason": "test harness: clients reach the router from outside its netns"}],
         "kernels": {"enabled": False},
         "health": {"startup_timeout_s": 10, "poll_interval_s": 0.3, "stability_window_s": 1.5},
         "rollout": {"keep_releases": 3, "rollback_timeout_s": 20,

@@ -1,6 +1,7 @@
 """Where clients connect (the symptom: apply ended with `Apply complete: r0002-... is healthy.`
 and no endpoint; `mxfp4-tp8.yaml` served on 127.0.0.1:30000 and nothing said it was
-loopback-only; the default router listened on 0.0.0.0:8000 without a key, unsaid)."""
+loopback-only; the default router listened on 0.0.0.0:8000 without a key, unsaid; it now
+listens on loopback unless the profile says otherwise)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,24 @@ from orchestrator.planner.fleet import plan_from_paths
 from tests.validate.helpers import INVENTORY, PROFILES
 
 
-def test_the_default_router_is_on_every_interface_without_a_key() -> None:
+def test_the_default_router_says_it_is_loopback_only() -> None:
     dep = plan_from_paths(PROFILES / "default.yaml").deployment
     router, *engines = endpoints(dep, "gpu-host.internal")
     assert (router.name, router.url, router.exposure, router.key) == (
-        "router", "http://gpu-host.internal:8000/v1", "all", None)
+        "router", "http://127.0.0.1:8000/v1", "loopback", None)
     assert all(e.exposure == "loopback" and not e.client_facing for e in engines)
+    lines = endpoint_lines(dep, "gpu-host.internal")
+    assert lines[1] == ("  http://127.0.0.1:8000/v1  (router; loopback only (from the host "
+                        "itself); no API key)")
+
+
+def test_a_router_on_every_interface_is_reached_at_the_host_address(tmp_path: Path) -> None:
+    prof = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    prof["topology"]["router"]["host"] = "0.0.0.0"
+    prof["acknowledge"] = [{"id": "exposure.all-interfaces", "reason": "a firewall in front"}]
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.read_text())
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    dep = plan_from_paths(tmp_path / "p.yaml").deployment
     lines = endpoint_lines(dep, "gpu-host.internal")
     assert lines[1] == "  http://gpu-host.internal:8000/v1  (router; every interface; no API key)"
 

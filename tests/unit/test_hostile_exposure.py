@@ -3,6 +3,8 @@
 - ``classify_listen`` is the one owner of loopback / host address / every interface (status prints
   the same classification), compared as parsed addresses, not strings;
 - an engine on every interface is an error unless acknowledged, then an acknowledged warning;
+- a router on every interface follows the engine's rule (the same check and acknowledgement), and
+  the router listens on loopback unless the profile says otherwise;
 - any endpoint beyond loopback without an API key is a warning.
 """
 
@@ -74,11 +76,71 @@ def test_beyond_loopback_without_a_key_is_a_warning_and_a_key_ends_it(tmp_path: 
     assert not [c for c in keyed.checks if c.id == "exposure.no-key"]
 
 
-def test_the_default_router_on_every_interface_without_a_key_is_reported() -> None:
+def test_the_default_router_listens_on_loopback_only() -> None:
+    """Secure by default: the shipped default profile's router (no ``host:``) binds 127.0.0.1, so
+    it raises no exposure finding; exposing it is the operator's explicit choice."""
+    from orchestrator.profile.schema import Router
+
+    assert Router().host == "127.0.0.1"
     plan = plan_from_paths(PROFILES / "default.yaml")
-    warn = [c for c in plan.checks if c.id == "exposure.no-key"]
-    assert [c.subject for c in warn] == ["router"]
-    assert "0.0.0.0:8000" in warn[0].message
+    assert plan.deployment.router is not None and plan.deployment.router.host == "127.0.0.1"
+    assert not [c for c in plan.checks if c.id.startswith("exposure.")]
+
+
+def _router_plan(tmp_path: Path, host: str, *, ack: bool = False, key: bool = False) -> Any:
+    prof = yaml.safe_load((PROFILES / "default.yaml").read_text())
+    prof["topology"]["router"]["host"] = host
+    if ack:
+        prof["acknowledge"] = [{"id": "exposure.all-interfaces",
+                                "reason": "a firewall admits only the clients' network"}]
+    if key:
+        (tmp_path / "key").write_text("k" * 32)
+        prof["secrets"] = {"DSV4_SECRET_API_KEY": {"file": str(tmp_path / "key")}}
+    (tmp_path / "inventory.yaml").write_text((PROFILES / "inventory.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    return plan_from_paths(path)
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::"])
+def test_a_router_on_every_interface_is_an_error_naming_the_fix(
+        tmp_path: Path, address: str) -> None:
+    """The same rule, check and acknowledgement as an engine on every interface."""
+    plan = _router_plan(tmp_path, address)
+    [bad] = [c for c in plan.errors if c.id == "exposure.all-interfaces"]
+    assert bad.subject == "router" and bad.field == "topology.router.host"
+    assert f"{address}:8000" in bad.message and "every interface" in bad.message
+    fix = bad.fix or ""
+    assert "topology.router.host" in fix and "acknowledge exposure.all-interfaces" in fix
+    assert "DSV4_SECRET_API_KEY" in fix
+
+
+def test_an_acknowledged_router_on_every_interface_without_a_key_is_a_warning(
+        tmp_path: Path) -> None:
+    plan = _router_plan(tmp_path, "0.0.0.0", ack=True)
+    assert not plan.errors, [c.id for c in plan.errors]
+    [acked] = [c for c in plan.checks if c.id == "exposure.all-interfaces"]
+    assert acked.acknowledged and acked.severity == "warning" and acked.subject == "router"
+    [warn] = [c for c in plan.checks if c.id == "exposure.no-key"]
+    assert warn.severity == "warning" and "0.0.0.0:8000" in warn.message
+    keyed = _router_plan(tmp_path, "0.0.0.0", ack=True, key=True)
+    assert not keyed.errors and not [c for c in keyed.checks if c.id == "exposure.no-key"]
+
+
+def test_a_router_on_a_host_address_without_a_key_is_only_a_warning(tmp_path: Path) -> None:
+    plan = _router_plan(tmp_path, "10.0.0.5")
+    assert not plan.errors, [c.id for c in plan.errors]
+    assert [c.subject for c in plan.checks if c.id.startswith("exposure.")] == ["router"]
+
+
+def test_every_shipped_profile_plans_without_an_exposure_error() -> None:
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    for name in ("default", "mxfp4-tp8", "fleet-3x"):
+        fleet = plan_fleet(load_fleet(PROFILES / f"{name}.yaml", None))
+        assert not fleet.checks or all(c.severity != "error" for c in fleet.checks)
+        for p in fleet.plans:
+            assert not p.errors, (name, p.host, [c.message for c in p.errors])
 
 
 # ------------------------------------------- engine flags that run foreign code or send data ---

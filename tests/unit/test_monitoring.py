@@ -295,7 +295,8 @@ def test_fleet_router_host_scrapes_the_whole_fleet() -> None:
             for j in cfg["scrape_configs"]}
     assert jobs == {"dsv4-fleet-3x-engine": ["10.0.1.11:30000", "10.0.1.12:30000",
                                              "10.0.1.13:30000"],
-                    "dsv4-fleet-3x-router": ["127.0.0.1:29000"],
+                    # the router serves its metrics on its own listen address (not loopback)
+                    "dsv4-fleet-3x-router": ["10.0.1.10:29000"],
                     "dsv4-fleet-3x-gpu": ["10.0.1.11:9400", "10.0.1.12:9400", "10.0.1.13:9400"]}
     own = yaml.safe_load(trees["gpu-b"].all_files()["monitoring/prometheus.yml"].content)
     assert [t for j in own["scrape_configs"] for c in j["static_configs"]

@@ -7,9 +7,9 @@ exec /opt/sglang/bin/python -m sglang_router.launch_router \
   --pd-disaggregation \
   --prefill http://127.0.0.1:30001 8998 \
   --decode http://127.0.0.1:30002 \
-  --host 0.0.0.0 \
+  --host 127.0.0.1 \
   --port 8000 \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host 127.0.0.1 \
   --prometheus-port 29000 \
   --policy cache_aware \
   --worker-startup-timeout-secs 86400

@@ -5,9 +5,9 @@
 set -euo pipefail
 exec /opt/sglang/bin/python -m sglang_router.launch_router \
   --worker-urls http://10.0.1.11:30000 http://10.0.1.12:30000 http://10.0.1.13:30000 \
-  --host 0.0.0.0 \
+  --host 10.0.1.10 \
   --port 8000 \
-  --prometheus-host 0.0.0.0 \
+  --prometheus-host 10.0.1.10 \
   --prometheus-port 29000 \
   --policy cache_aware \
   --worker-startup-timeout-secs 86400
