@@ -10,7 +10,10 @@ same module, on a development GPU). For one role's shapes (``--shape``, the JSON
   ``flash_mla_sm120._flash_mla_flashinfer`` / ``_flash_mla_sm120_prefill``), ``sglang-triton``
   (``flash_mla_sm120_triton.flash_mla_sparse_decode_triton``) and ``bundled``. Heads as the
   engine passes them (``deepseek_v4.py::_kernel_num_heads``, L1215-1235): decode pads to 64 unless
-  FlashInfer takes the real count; prefill gets the real per-rank count;
+  FlashInfer takes the real count; prefill gets the real per-rank count. The bundled contender
+  runs under ``sglang_compat.engine_layout`` (the shape's heads and ``attn_tp``), so on a padded
+  call it computes the rank's real heads only, as the hook does in the engine; correctness is
+  checked on the same call, over the real heads the engine's consumer keeps;
 * indexer (paged MQA logits, C4 keys): at ``cuda_graph_max_bs`` rows and the declared context
   (capped, said in the shape). Contenders: ``tilelang`` (the sm_120 default),
   ``sglang-torch`` (``fp8_paged_mqa_logits_torch_sm120``) and ``bundled``;
@@ -133,8 +136,18 @@ def _is_sm120() -> bool:
 
 # ----------------------------------------------------------------------------------- attention ---
 
-def _attention_contenders() -> dict[str, tuple[Callable[..., Any] | None, str | None]]:
-    from .sglang_compat import flash_mla_sparse_decode_triton as bundled
+def _attention_contenders(shape: dict[str, int]
+                          ) -> dict[str, tuple[Callable[..., Any] | None, str | None]]:
+    from .sglang_compat import engine_layout
+    from .sglang_compat import flash_mla_sparse_decode_triton as hooked
+
+    # the hooked entry point learns the rank's real heads from the engine's layout; here the
+    # shape states it, so a padded call computes the real heads only, as in the engine
+    layout = (shape["heads_per_attn_rank"] * shape["attn_tp"], shape["attn_tp"])
+
+    def bundled(*args: Any) -> Any:
+        with engine_layout(*layout):
+            return hooked(*args)
 
     out: dict[str, tuple[Callable[..., Any] | None, str | None]] = {}
     if not _is_sm120():
@@ -156,6 +169,17 @@ def _attention_contenders() -> dict[str, tuple[Callable[..., Any] | None, str | 
                             else (None, why))
     out["bundled"] = (bundled, None)
     return out
+
+
+def _width(who: str, rows: int, heads: int, attn_tp: int) -> int:
+    """The query width the engine passes this contender (``deepseek_v4.py::_kernel_num_heads``):
+    prefill and ``attn_tp == 1`` get the rank's heads; decode pads to 64 (all heads past 64 a
+    rank) unless FlashInfer takes the real count."""
+    if attn_tp <= 1 or rows > DECODE_MAX_ROWS:
+        return heads
+    if who == "flashinfer" and heads in FLASHINFER_DECODE_HEADS:
+        return heads
+    return 64 if heads <= 64 else heads * attn_tp
 
 
 def _decode_case(g: torch.Generator, batch: int, heads: int, topk: int) -> Any:
@@ -201,18 +225,20 @@ def attention(shape: dict[str, int], timer: Timer, g: torch.Generator) -> list[d
     from .reference import ref_sparse_decode
 
     heads, topk = shape["heads_per_attn_rank"], shape["index_topk"]
-    padded = 64 if shape["attn_tp"] > 1 and heads <= 64 else heads
-    contenders = _attention_contenders()
+    contenders = _attention_contenders(shape)
     checked: dict[str, str | None] = {}
     errors: dict[str, float] = {}
-    c = _decode_case(g, 4, heads, topk)  # correctness: a small batch, every contender
-    ro, _ = ref_sparse_decode(**c.kwargs())
-    for who, (fn, why) in contenders.items():
+    for who, (fn, why) in contenders.items():  # correctness: a small batch, the engine's call
         if fn is None:
             checked[who] = why
             continue
         try:
-            out = fn(*_args(c))[0].reshape(ro.shape).float()
+            # the padded heads hold what new_empty left (random here); the engine's consumer
+            # keeps the rank's real heads only (tp_slice), so only those are compared
+            c = _decode_case(g, 4, _width(who, 4, heads, shape["attn_tp"]), topk)
+            ro, _ = ref_sparse_decode(**c.kwargs())
+            ro = ro.reshape(4, -1, 512)[:, :heads]
+            out = fn(*_args(c))[0].reshape(4, -1, 512)[:, :heads].float()
             err = float((out - ro).norm() / ro.norm())
             errors[who] = err
             checked[who] = None if err < 2e-2 else f"relative error {err:.3g} vs the reference"
@@ -225,11 +251,10 @@ def attention(shape: dict[str, int], timer: Timer, g: torch.Generator) -> list[d
     if shape.get("prefill"):
         shapes.append((f"prefill T={shape['chunked_prefill_size']}", shape["chunked_prefill_size"]))
     for label, rows_n in shapes:
-        decode = rows_n <= DECODE_MAX_ROWS
         for who, (fn, why) in contenders.items():
-            h = heads if not decode else (
-                heads if who == "flashinfer" and heads in FLASHINFER_DECODE_HEADS else padded)
-            tag = f"{label} H={h}"
+            h = _width(who, rows_n, heads, shape["attn_tp"])
+            tag = f"{label} H={h}" + (f" ({heads} real)" if who == "bundled" and h != heads
+                                      else "")
             if fn is None:
                 rows.append(_row("attention", who, label, "unavailable", detail=why))
                 continue

@@ -17,7 +17,9 @@ call's query to 64 heads (``deepseek_v4.py`` ``_kernel_num_heads`` and the ``q_p
 fills with ``new_empty``: the padding holds whatever memory held) and its consumer reads only
 ``o[:, :n_local_heads]`` (``tp_slice``) after ``deepseek_v4_backend.py`` keeps ``[0]`` of the
 result. The decode entry point computes only the rank's real heads and writes the padded ones
-as a head without keys: output 0, LSE +inf.
+as a head without keys: output 0, LSE +inf. Outside the engine (``python -m
+dsv4_kernels.qualify``, benchmarks) nothing publishes that layout; :func:`engine_layout` states
+it for the calls made inside it, so they run exactly as the engine's would.
 
 ``load_sglang_functions`` pulls named top-level functions out of an SGLang source file with
 ``ast`` so the CPU test and the benchmark can run SGLang's own fallbacks without importing the
@@ -27,6 +29,8 @@ rest of the engine (its ``dsv4.indexer`` module needs GPU-only packages at impor
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import json
 import pathlib
 import sys
@@ -143,9 +147,34 @@ def _attn_tp_size() -> int | None:
         return None
 
 
+_LAYOUT: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "dsv4_engine_layout", default=None)
+
+
+@contextlib.contextmanager
+def engine_layout(n_heads: int, attn_tp_size: int) -> typing.Iterator[None]:
+    """Calls inside see this model head count and attention TP width instead of SGLang's.
+
+    For a caller outside the engine that must make the engine's call (the qualify runner times
+    the padded decode call with the real heads a rank would compute); the padding rule stays
+    :func:`padded_real_heads`. Read when a call is made (and so when a CUDA graph captures it)."""
+    if n_heads < 1 or attn_tp_size < 1:
+        raise ValueError(f"engine_layout needs n_heads and attn_tp_size >= 1, got "
+                         f"{n_heads} and {attn_tp_size}")
+    token = _LAYOUT.set((int(n_heads), int(attn_tp_size)))
+    try:
+        yield
+    finally:
+        _LAYOUT.reset(token)
+
+
 def real_heads(q_heads: int, num_tokens: int) -> int | None:
     """Heads of this decode call that hold queries, learnt from SGLang's model config and
-    parallel layout; None (compute every head) where either is unknown."""
+    parallel layout (or the :func:`engine_layout` in force); None (compute every head) where
+    either is unknown."""
+    stated = _LAYOUT.get()
+    if stated is not None:
+        return padded_real_heads(q_heads, num_tokens, *stated)
     n_heads = _model_heads()
     tp = _attn_tp_size() if n_heads is not None else None
     if n_heads is None or tp is None:

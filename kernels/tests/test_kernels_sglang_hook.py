@@ -352,3 +352,66 @@ def test_only_the_ops_dsv4ctl_lists_are_patched(monkeypatch: pytest.MonkeyPatch)
     assert sglang_hook.active_ops() == {"attention", "indexer", "mhc_pre"}
     monkeypatch.setenv(sglang_hook.OPS_ENV, "attention,typo")
     assert sglang_hook.active_ops() == {"attention"}
+
+
+def test_engine_layout_states_the_layout_outside_the_engine(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Outside an engine nothing publishes the layout; ``engine_layout`` states it for the calls
+    made inside it, through the same padding rule, and only there."""
+    monkeypatch.setattr(sglang_compat, "_MODEL_HEADS", [])
+    assert sglang_compat.real_heads(64, 4) is None
+    with sglang_compat.engine_layout(64, 4):
+        assert sglang_compat.real_heads(64, 4) == 16  # 16 real of the 64 SGLang pads to
+        assert sglang_compat.real_heads(64, 65) is None  # prefill: native width
+        assert sglang_compat.real_heads(16, 4) is None  # not a padded call
+        with sglang_compat.engine_layout(64, 8):
+            assert sglang_compat.real_heads(64, 4) == 8
+        assert sglang_compat.real_heads(64, 4) == 16
+    assert sglang_compat.real_heads(64, 4) is None
+    with pytest.raises(ValueError, match="attn_tp_size >= 1"), \
+            sglang_compat.engine_layout(64, 0):
+        pass
+
+
+def test_qualify_times_the_bundled_contender_as_the_engine_calls_it(
+        gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The qualify runner gives each Triton-backend contender the query width SGLang's own
+    ``_kernel_num_heads`` gives it, and the bundled contender, called with that padded query
+    outside any engine, computes the rank's real heads only (seen at the launch), matching the
+    float32 reference there; SGLang's own Triton contender gets the same padded call."""
+    import types
+
+    from dsv4_kernels import qualify, sparse_decode
+    from dsv4_kernels.reference import ref_sparse_decode
+
+    kernel_num_heads, _ = _dsv4_heads_methods(monkeypatch)
+    for n_heads in (64, 128):
+        for tp in (1, 2, 4, 8):
+            local = n_heads // tp
+            me = types.SimpleNamespace(attn_tp_size=tp, n_local_heads=local, n_heads=n_heads)
+            for tokens in (1, 64, 65, 8192):
+                for who in ("sglang-triton", "bundled"):
+                    assert qualify._width(who, tokens, local, tp) == kernel_num_heads(me, tokens)
+
+    monkeypatch.setattr(sglang_compat, "_MODEL_HEADS", [])  # outside an engine
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    shape = {"heads_per_attn_rank": 16, "attn_tp": 4, "index_topk": 64}
+    contenders = qualify._attention_contenders(shape)
+    fi, why = contenders["flashinfer"]
+    assert fi is None and "sm_120a/120f only" in (why or "")
+    width = qualify._width("bundled", 3, 16, 4)
+    assert width == 64
+    c = make_decode_case(gen, batch=3, heads=width, topk=64, extra_topk=64, page_size=64,
+                         extra_page_size=64, lengths="random", invalid_frac=0.1)
+    seen: list[int] = []
+    launch = sparse_decode._Launch.rows
+    monkeypatch.setattr(sparse_decode._Launch, "rows",
+                        lambda self, *a, **k: (seen.append(self.h), launch(self, *a, **k))[1])
+    o = contenders["bundled"][0](*qualify._args(c))[0].squeeze(1)
+    assert seen == [16], "the bundled contender computed the padded heads too"
+    ref, _ = ref_sparse_decode(**c.kwargs())
+    kept, want = o[:, :16].float(), ref[:, 0, :16]
+    assert torch.all((kept - want).abs() <= 4e-3 + (2 / 128) * want.abs())
+    assert torch.equal(o[:, 16:], torch.zeros_like(o[:, 16:]))
+    assert sglang_compat.real_heads(64, 3) is None  # the stated layout ends with the call
+    assert qualify._width("flashinfer", 3, 16, 4) == 16  # FlashInfer takes 16 heads as they are
