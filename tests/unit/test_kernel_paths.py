@@ -150,9 +150,11 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "qualify"
 
 
 def test_the_h200_run_names_flashinfer_unavailable_and_times_the_others(tmp_path: Path) -> None:
-    # `python kernels/tools/qualify_sm120_proxy.py` on the lent H200 (device run of 2026-12-02,
-    # stored unchanged): FlashInfer's sm_120 kernel cannot run there and says why; SGLang's
-    # Triton backend and the bundled kernel are checked and timed at every decode batch size
+    # `python kernels/tools/qualify_sm120_proxy.py` on the lent H200 (device run of 2026-12-02
+    # 06:21 UTC, stored unchanged): FlashInfer's sm_120 kernel cannot run there and says why;
+    # SGLang's Triton backend and the bundled kernel are checked and timed at every decode batch
+    # size, both on the call SGLang makes (16 heads a rank padded to 64), the bundled one
+    # computing the 16 real heads as the hook does in the engine
     m = parse_measurement((DATA / "h200-proxy-decode.json").read_text(), where="decode.json")
     assert m.gpu == "NVIDIA H200" and m.compute_cap == "9.0"
     att = [t for t in m.timings if t.op == "attention"]
@@ -164,6 +166,8 @@ def test_the_h200_run_names_flashinfer_unavailable_and_times_the_others(tmp_path
         assert {t.shape for t in rows} == {f"decode B={b}" for b in (1, 8, 16, 32, 64)}
         assert all(t.status == "ok" and t.us and t.error is not None and t.error < 2e-2
                    for t in rows)
+        tag = " H=64 (16 real)" if who == "bundled" else " H=64"
+        assert all((t.detail or "").endswith(t.shape + tag) for t in rows), who
     pre = parse_measurement((DATA / "h200-proxy-prefill.json").read_text(), where="prefill.json")
     assert {t.shape for t in pre.timings if t.op == "attention"} == {"prefill T=8192"}
     # stored on an sm_120 host it is ignored: no engine installed there, another GPU
