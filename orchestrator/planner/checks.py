@@ -379,3 +379,12 @@ def apply_acknowledgements(checks: Sequence[Check], acks: Iterable[tuple[str, st
             f"the profile acknowledges {cid}, but the plan has no such check",
             "remove the stale acknowledgement (or correct the id)", subject=cid))
     return out
+
+
+def drop_acks_used_on_other_hosts(checks: Sequence[Check], used: set[str]) -> list[Check]:
+    """A fleet's host plans without the ``profile.ack-unused`` findings for acknowledgements that
+    another host's plan used: one profile's acknowledgements apply to every host, and a check may
+    exist on one host only (the router's ``exposure.all-interfaces`` on the router's host), so an
+    acknowledgement is stale only when no host of the fleet matches it. ``used``: the ids
+    acknowledged on any host."""
+    return [c for c in checks if not (c.id == "profile.ack-unused" and c.subject in used)]

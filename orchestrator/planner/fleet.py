@@ -24,7 +24,7 @@ from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.errors import DsvError, ProfileError
 from orchestrator.facts import Facts
 from orchestrator.planner.build import build_plan
-from orchestrator.planner.checks import check
+from orchestrator.planner.checks import check, drop_acks_used_on_other_hosts
 from orchestrator.planner.context import (
     FleetContext,
     catalog_entries,
@@ -122,6 +122,10 @@ def plan_fleet(fctx: FleetContext, facts: Mapping[str, Facts] | None = None,
     checks: list[Check] = []
     if fctx.is_fleet:
         from orchestrator.planner.rules import router_flag_checks
+
+        used = {c.id for p in plans for c in p.checks if c.acknowledged}
+        plans = [p.model_copy(update={"checks": drop_acks_used_on_other_hosts(p.checks, used)})
+                 for p in plans]
 
         on = fctx.placement.router_on
         router = next((p.deployment for p in plans if p.host == on), None)

@@ -133,6 +133,34 @@ def test_a_router_on_a_host_address_without_a_key_is_only_a_warning(tmp_path: Pa
     assert [c.subject for c in plan.checks if c.id.startswith("exposure.")] == ["router"]
 
 
+def test_a_fleet_acknowledging_its_router_on_every_interface_is_not_told_the_ack_is_stale(
+        tmp_path: Path) -> None:
+    """The router runs on one host of the fleet, so only that host's plan has the check the
+    acknowledgement matches; the engine hosts' plans must not call it stale ("remove it"), which
+    would make the router's host fail."""
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    prof = yaml.safe_load((PROFILES / "fleet-3x.yaml").read_text())
+    prof["topology"]["router"]["host"] = "0.0.0.0"
+    prof["acknowledge"] = [{"id": "exposure.all-interfaces", "reason": "a firewall in front"}]
+    (tmp_path / "inventory.yaml").write_text((PROFILES / "inventory.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    fleet = plan_fleet(load_fleet(path, None))
+    router = fleet.plan("router-1")
+    [acked] = [c for c in router.checks if c.id == "exposure.all-interfaces"]
+    assert acked.acknowledged and not router.errors
+    for p in fleet.plans:
+        assert not [c for c in p.checks if c.id == "profile.ack-unused"], p.host
+    # an acknowledgement no host uses is still reported, on every host
+    prof["acknowledge"].append({"id": "exposure.no-such", "reason": "typo"})
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
+    fleet = plan_fleet(load_fleet(path, None))
+    for p in fleet.plans:
+        assert [c.subject for c in p.checks if c.id == "profile.ack-unused"] == [
+            "exposure.no-such"], p.host
+
+
 def test_every_shipped_profile_plans_without_an_exposure_error() -> None:
     from orchestrator.planner.fleet import load_fleet, plan_fleet
 
