@@ -1,5 +1,5 @@
 """A hostile neighbour on a harness host: the engine environment is writable by others
-(issue 31, Deliver 2; the offline half is tests/unit/test_hostile_engine_env.py).
+(issue 31, Deliver 2; the offline half is tests/unit/test_hostile_engine_env_check.py).
 
 Before: with the env's ``bin/`` at mode 0777 a local user replaced ``bin/python``; ``plan --live``
 said nothing (install_root with the same mode is refused) and apply ran the replacement over SSH as

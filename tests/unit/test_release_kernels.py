@@ -43,7 +43,7 @@ exit 99
 @pytest.fixture(autouse=True)
 def env_checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The step checks the engine env before running its python (issue 31); the check itself
-    (tests/unit/test_hostile_engine_env.py) rightly refuses an env under pytest's /tmp, so here it
+    (tests/unit/test_hostile_engine_env_check.py) rightly refuses an env under pytest's /tmp, so here it
     only records that it was asked, and the fake python records that it ran after."""
     asked: list[str] = []
     monkeypatch.setattr("orchestrator.remote.probes.require_engine_env",
