@@ -486,7 +486,9 @@ class AnalysisCheck(_Strict):
 class Analysis(_Strict):
     """Canary analysis between waves (read from ``monitoring.prometheus_url``)."""
 
-    checks: list[AnalysisCheck] = Field(default_factory=list, max_length=20)
+    checks: list[AnalysisCheck] = Field(default_factory=list, max_length=20, description=(
+        "Comparisons each wave must pass before the rollout goes on (at most 20); none: no "
+        "analysis, the waves gate on health and the smoke prompt only."))
     wait_s: float | None = Field(default=None, ge=0, le=86400, description=(
         "Seconds the moved wave serves before the comparison (default: the longest window_s), "
         "so the window holds the new release's requests only."))
