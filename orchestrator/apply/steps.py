@@ -276,6 +276,7 @@ def wait_healthy(ctx: Context, step: Any) -> Outcome:
 
 
 LOG_TAIL_LINES = 15
+LOG_TAIL_TIMEOUT_S = 5
 
 
 def show_log_tails(ctx: Context, roles: list[str]) -> str:
@@ -289,9 +290,13 @@ def show_log_tails(ctx: Context, roles: list[str]) -> str:
     for role in roles:
         path = f"{ctx.host.install_root.rstrip('/')}/logs/{role}.log"
         paths.append(path)
-        res = ctx.remote.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(path)} 2>/dev/null",
-                             timeout=30)
-        lines = res.stdout.splitlines() if res.ok else []
+        try:  # best effort, briefly: a host that died must not delay or change the failure
+            res = ctx.remote.run(f"tail -n {LOG_TAIL_LINES} -- {shlex.quote(path)} 2>/dev/null",
+                                 timeout=LOG_TAIL_TIMEOUT_S)
+            lines = res.stdout.splitlines() if res.ok else []
+        except (DsvError, OSError, EOFError) as exc:
+            ctx.out(f"  {role}: {path} could not be read ({getattr(exc, 'message', exc)})")
+            continue
         if not lines:
             ctx.out(f"  {role}: {path} is empty or unreadable")
             continue
