@@ -161,6 +161,10 @@ class Facts(_Frozen):
         default_factory=dict, description="what differs from the current release's manifest, "
         "changed outside dsv4ctl: release path -> how (modified, missing, installed unit "
         "modified); '.' when the release directory itself is missing (remote/drift.py)")
+    running: dict[str, list[str]] = Field(
+        default_factory=dict, description="unit of the current release -> the command line its "
+        "main process runs now, from its first '--' flag (remote/drift.py); the planner compares "
+        "it with the release's (planner.transition.running_drift)")
 
     def fingerprint(self) -> str:
         """Stable hash of everything a plan depends on; a saved plan stores it to detect staleness.
@@ -181,6 +185,8 @@ class Facts(_Frozen):
             del data["latest_release"]
         if not data["drift"]:  # a host without drift keeps the fingerprint it always had
             del data["drift"]
+        if not data["running"]:  # likewise a host that runs nothing of a release
+            del data["running"]
         for disk in data["disks"]:
             del disk["free_bytes"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -86,6 +86,8 @@ class Context:
     from_deployment: Deployment | None = None
     # drift at preflight (remote/drift.py): path -> how the host differs from from_files
     drift: dict[str, str] = field(default_factory=dict)
+    # and unit -> the command line it runs (remote/drift.py; planner.transition.running_drift)
+    running: dict[str, list[str]] = field(default_factory=dict)
     # apply only
     plan: Plan | None = None
     saved_plan: bool = False

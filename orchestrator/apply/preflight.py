@@ -29,6 +29,7 @@ from orchestrator.facts import Facts
 from orchestrator.planner.checks import gb
 from orchestrator.planner.transition import (
     release_from_manifest,
+    running_drift,
     transition,
     units_of,
 )
@@ -179,7 +180,8 @@ def preflight(ctx: Context, step: Any) -> Outcome:
              ctx.store.secrets_digest_command(ctx.deployment.name)]
     if plan.current_release is not None:
         ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
-    ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope)))
+    ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope),
+                               ctx.host.scope))
     if ctx.saved_plan:
         ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
     batch = Batch(ahead)
@@ -221,7 +223,9 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
     ctx.from_release = current
     # what was changed on the host outside dsv4ctl: the plan lists it as actions (the same probe,
     # planner.transition's ``outside``), so apply repairs it with the restarts it implies
-    ctx.drift = probe_drift(shell, ctx.host.install_root, unit_dir_expr(ctx.host.scope))
+    # and the command lines the units run (the drift probe's too), compared with the target's
+    ctx.drift, ctx.running = probe_drift(shell, ctx.host.install_root,
+                                         unit_dir_expr(ctx.host.scope), ctx.host.scope)
     if current is not None and RELEASE_DIR not in ctx.drift:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
     ctx.actions = _transition(ctx)
@@ -261,6 +265,7 @@ def _transition(ctx: Context) -> list[Action]:
               if st.loaded != "not-found"}
     current = ctx.from_files if ctx.from_release is not None else None
     return transition(current, ctx.target_files, states, outside=ctx.drift,
+                      running=running_drift(ctx.deployment, ctx.running),
                       replace=ctx.plan.replace if ctx.plan is not None else ())
 
 

@@ -48,8 +48,7 @@ class StatusReport:
 
 def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
     """Differences between what the profile resolved to and what the engine says it runs."""
-    from orchestrator.render.argv import engine_argv
-    from orchestrator.render.secrets import strip_secret_args
+    from orchestrator.render.secrets import command_line_difference
 
     out = []
     for key, want in (("served_model_name", dep.served_name), ("model_path", dep.model_path),
@@ -59,15 +58,10 @@ def _server_info_drift(role: Any, dep: Any, info: dict[str, Any]) -> list[str]:
             out.append(f"{role.name}: {key} is {have!r}, the profile says {want!r}")
     launch = info.get("launch_command")
     if isinstance(launch, str):
-        words = shlex.split(launch)
-        first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
-        # secret flags come from the secrets file, not the release: neither compared nor shown
-        running, wanted = strip_secret_args(dep, words[first:]), engine_argv(dep, role)
-        if running != wanted:
-            extra = sorted(set(running) - set(wanted))[:5]
-            missing = sorted(set(wanted) - set(running))[:5]
-            out.append(f"{role.name}: running command line differs from the release "
-                       f"(only running: {extra or '-'}; only in release: {missing or '-'})")
+        # the one comparison `plan --live` makes too (render.secrets)
+        how = command_line_difference(dep, role, shlex.split(launch))
+        if how:
+            out.append(f"{role.name}: running command line differs from the release ({how})")
     return out
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator import __version__
 from orchestrator.catalog import Catalog, load_catalog
+from orchestrator.deployment import Deployment
 from orchestrator.errors import InputError, Problem
 from orchestrator.facts import Facts, declared_facts
 from orchestrator.planner import capacity, rules
@@ -42,7 +43,12 @@ from orchestrator.planner.context import (
 )
 from orchestrator.planner.exposure import exposure_checks
 from orchestrator.planner.static import locate_checks, sort_checks, static_checks
-from orchestrator.planner.transition import release_from_facts, release_from_planned, transition
+from orchestrator.planner.transition import (
+    release_from_facts,
+    release_from_planned,
+    running_drift,
+    transition,
+)
 from orchestrator.planner_model import Action, Check, FleetPlan, Plan, PlannedFile, PlanTarget
 from orchestrator.profile.inventory import Host
 from orchestrator.profile.loader import read_file
@@ -120,7 +126,7 @@ def build_plan(ctx: PlanContext, facts: Facts | None = None, cat: Catalog | None
         files = [PlannedFile(path=p, mode=f.mode, sha256=f.sha256, roles=list(f.roles),
                              content=f.content)
                  for p, f in sorted(tree.files.items())]
-        actions = host_transition(files, facts, replace)
+        actions = host_transition(files, facts, replace, dep)
     return Plan(
         tool_version=__version__,
         profile_name=ctx.profile.name,
@@ -164,17 +170,17 @@ def _target(source: str, h: Host, key: str | None, peer: str | None) -> PlanTarg
         known_hosts=h.known_hosts, host_key=key, peer=peer)
 
 
-def host_transition(files: list[PlannedFile], facts: Facts, replace: Iterable[str] = ()
-                    ) -> list[Action]:
+def host_transition(files: list[PlannedFile], facts: Facts, replace: Iterable[str] = (),
+                    dep: Deployment | None = None) -> list[Action]:
     """The plan's actions: the transition from the host's current release (as probed, with what
-    was changed on the host outside dsv4ctl) to these files, given the units that run, and the
-    roles ``--replace`` restarts. Declared facts know no current release, so the plan is
-    relative to an empty host."""
+    was changed on the host outside dsv4ctl) to these files, given the units that run, the
+    command lines they run (against ``dep``'s), and the roles ``--replace`` restarts. Declared
+    facts know no current release, so the plan is relative to an empty host."""
     current = (release_from_facts(facts.current_files, facts.current_roles)
                if facts.current_release is not None else None)
     states = {u.name: u.active for u in facts.units}
     return transition(current, release_from_planned(files), states, outside=facts.drift,
-                      replace=replace)
+                      running=running_drift(dep, facts.running), replace=replace)
 
 
 def save_plan(plan: Plan | FleetPlan, path: Path) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.deployment import Deployment
 from orchestrator.planner_model import (
     ROLE_ORDER,
     UNIT_KINDS,
@@ -90,9 +91,30 @@ OUTSIDE = "changed outside dsv4ctl"
 RELEASE_DIR = "."
 
 
+RUNNING = f"running command line differs from the release ({OUTSIDE})"
+
+
+def running_drift(dep: Deployment | None, running: Mapping[str, list[str]]) -> dict[str, str]:
+    """unit -> how its engine's running command line (``Facts.running``: the drift probe's)
+    differs from the one ``dep`` renders, for each engine role whose unit runs: the comparison
+    ``status`` makes (``render.secrets.command_line_difference``). ``plan --live`` and apply's
+    preflight both ask here. Against the target's command line: where it differs from the
+    current release's, the role's files change too and it restarts for them anyway."""
+    from orchestrator.render.secrets import command_line_difference
+
+    out = {}
+    for role in dep.roles if dep is not None else ():
+        words = running.get(role.unit)
+        how = command_line_difference(dep, role, words) if words is not None else None
+        if how:
+            out[role.unit] = how
+    return dict(sorted(out.items()))
+
+
 def transition(current: Release | None, desired: Release,
                states: Mapping[str, str] | None = None, *,
                outside: Mapping[str, str] | None = None,
+               running: Mapping[str, str] | None = None,
                replace: Iterable[str] = ()) -> list[Action]:
     """The actions that take a host from ``current`` (None: no release) to ``desired``.
 
@@ -108,9 +130,12 @@ def transition(current: Release | None, desired: Release,
     installed unit modified; :data:`RELEASE_DIR` when the release directory is gone): the host
     does not hold ``current``'s file there, so it is a change like any other, with the reason
     "changed outside dsv4ctl", and it restarts the roles that read it. ``replace``: roles to
-    restart whatever changed (``--replace ROLE``), through the same actions.
+    restart whatever changed (``--replace ROLE``), through the same actions. ``running``: unit ->
+    how the engine it runs differs from the release's command line (:func:`running_drift`): a
+    running unit whose files do not change is restarted for it, with the reason :data:`RUNNING`.
     """
     outside = dict(outside or {})
+    running = dict(running or {})
     gone = RELEASE_DIR in outside
     current = current or {}
     if outside:  # what the host really holds there is not current's file
@@ -181,6 +206,10 @@ def transition(current: Release | None, desired: Release,
                                      else f"replaces {old_units[role]}"))
         elif unit not in live:
             starts.append(Action(kind="start", target=unit, roles=[role], reason="not running"))
+        elif unit in running:  # the files agree, the process does not: it was started otherwise
+            restarts.append(Action(kind="restart", target=unit, roles=[role],
+                                   reason=f"{RUNNING}: {running[unit]}",
+                                   downtime=_downtime(role)))
     restarts.reverse()  # stopped router first, like the stops; started engines first (below)
     return files + stops + restarts + starts
 

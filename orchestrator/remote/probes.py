@@ -542,7 +542,7 @@ def _fact_commands(host: Host, model_paths: Iterable[str], engine_env: str | Non
     cmds = [GPU_COMMAND, disk_command(disk_paths), model_command(models), PORTS_COMMAND,
             units_command(host.scope), current_command(host.install_root),
             calibration_command(host.install_root),
-            drift_command(host.install_root, unit_dir_expr(host.scope)),
+            drift_command(host.install_root, unit_dir_expr(host.scope), host.scope),
             kernel_qualification_command(host.install_root)]
     return cmds + ([engine_env_command(engine_env)] if engine_env else [])
 
@@ -602,6 +602,7 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
     gpus, driver = probe_gpus(shell)
     variants: dict[str, str | None] = {m.path: m.variant for m in host.models}
     current, files, roles, latest = probe_current(shell, host.install_root)
+    drift = probe_drift(shell, host.install_root, unit_dir_expr(host.scope), host.scope)
     return Facts(
         source="probed",
         host=host_name,
@@ -619,5 +620,6 @@ def collect_facts(shell: Shell, host_name: str, host: Host, *,
         latest_release=latest,
         engine_env=probe_engine_env(shell, engine_env) if engine_env else None,
         connection=identity,
-        drift=probe_drift(shell, host.install_root, unit_dir_expr(host.scope)),
+        drift=drift.files,
+        running=drift.running,
     )

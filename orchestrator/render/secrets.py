@@ -163,6 +163,28 @@ def strip_secret_args(dep: Deployment, words: list[str]) -> list[str]:
     return out
 
 
+def command_line_difference(dep: Deployment, role: RoleDeployment, words: list[str]
+                            ) -> str | None:
+    """How an engine's running command line differs from the one this release renders for
+    ``role`` (None: it does not). ``words``: the command line as the host reports it, whole or
+    from its first flag (``/server_info``'s ``launch_command``, the process's ``/proc`` cmdline):
+    the program (``sglang serve``, the simulator, the secrets shim's ``python -c``) is skipped up
+    to the first ``--`` flag once the secret flags and their values are gone (the shim passes
+    them first, by name). Secret flags come from the secrets file, not the release: neither
+    compared nor shown. ``status`` and ``plan --live`` both ask here."""
+    from orchestrator.render.argv import engine_argv
+
+    running = strip_secret_args(dep, words)
+    running = running[next((i for i, w in enumerate(running) if w.startswith("--")),
+                           len(running)):]
+    wanted = engine_argv(dep, role)
+    if running == wanted:
+        return None
+    extra = sorted(set(running) - set(wanted))[:5]
+    missing = sorted(set(wanted) - set(running))[:5]
+    return f"only running: {extra or '-'}; only in release: {missing or '-'}"
+
+
 def api_key_names(dep: Deployment) -> tuple[str | None, str | None]:
     """(the engines' key, the router's key): the ``secrets:`` names whose values a client sends as
     its bearer token to an engine and to the router, None where none is set. The router's is its

@@ -170,3 +170,49 @@ def test_apply_and_rollback_answer_one_json_document(
     doc = json.loads(capsys.readouterr().out)
     assert rc == 3 == doc["exit_code"] and not doc["ok"]
     assert doc["hosts"]["h"]["status"] == "rolled-back" and doc["hosts"]["h"]["recovery"]
+
+
+def test_a_running_command_line_that_differs_is_drift_that_apply_repairs(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """The files agree, the process does not: launch-decode.sh edited (watchdog 1800 -> 1900),
+    decode restarted, the file restored by hand without a restart. `status` saw it (exit 1),
+    `plan --live` said "no changes"."""
+    r1 = first_release(env)
+    profile = env.profile_file(env.profile(), "p.yaml")
+    launch = f"{ROOT}/releases/{r1}/bin/launch-decode.sh"
+    env.fake.exec(f"cp -p {launch} /tmp/launch-decode.orig "
+                  f"&& sed -i 's/--watchdog-timeout 1800/--watchdog-timeout 1900/' {launch} "
+                  f"&& grep -q -- '--watchdog-timeout 1900' {launch} "
+                  "&& systemctl --user restart dsv4-itest-decode.service", check=True)
+    # bash reads the script as it runs it: restore the file only once the engine runs 1900
+    env.fake.exec("for i in $(seq 100); do "
+                  "p=$(systemctl --user show -p MainPID --value dsv4-itest-decode.service); "
+                  "tr '\\0' ' ' < /proc/$p/cmdline | grep -q -- '--watchdog-timeout 1900' "
+                  "&& exit 0; sleep 0.1; done; exit 1", check=True)
+    env.fake.exec(f"cp /tmp/launch-decode.orig {launch} && rm /tmp/launch-decode.orig",
+                  check=True)
+    capsys.readouterr()
+    # the restarted engine answers before status reads it (/server_info)
+    env.fake.exec("for i in $(seq 100); do python3 -c 'import urllib.request as u; "
+                  "u.urlopen(\"http://127.0.0.1:30002/server_info\", timeout=2)' 2>/dev/null "
+                  "&& exit 0; sleep 0.1; done; exit 1", check=True)
+    assert env.cli("status", "--host", "h") == 1  # status sees it
+    assert "running command line differs" in capsys.readouterr().out
+
+    rc = env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode")
+    out = capsys.readouterr().out
+    assert rc == 2, out  # a drift-only plan has changes
+    flat = " ".join(out.split())  # the reason wraps
+    assert ("~> dsv4-itest-decode.service (running command line differs from the release "
+            "(changed outside dsv4ctl): only running: ['1900']; only in release: ['1800']"
+            ) in flat, out
+    assert "1 to restart" in out and "Plan: no changes" not in out
+
+    before = {m: env.starts(m) for m in ("prefill", "decode", "router")}
+    assert env.cli("apply", str(profile)) == 0
+    rec = env.record(env.current())
+    assert rec["status"] == "healthy" and rec["restarted_roles"] == ["decode"]  # recorded
+    assert {m: env.starts(m) for m in before} == {**before, "decode": before["decode"] + 1}
+    capsys.readouterr()
+    assert env.cli("status", "--host", "h") == 0, capsys.readouterr().out
+    assert env.cli("plan", str(profile), "--host", "h", "--live", "--detailed-exitcode") == 0

@@ -13,9 +13,9 @@ import pytest
 from orchestrator.errors import RemoteError
 from orchestrator.facts import Facts, GpuFact, UnitFact
 from orchestrator.planner.build import build_plan, host_transition, load_context
-from orchestrator.planner.transition import OUTSIDE, ReleaseFile, transition
+from orchestrator.planner.transition import OUTSIDE, RUNNING, ReleaseFile, transition
 from orchestrator.planner_model import count_actions
-from orchestrator.remote.drift import RELEASE_DIR, parse_drift
+from orchestrator.remote.drift import RELEASE_DIR, parse_drift, parse_running
 from tests.validate.helpers import PROFILES
 
 UNITS = {"units/dsv4-x-decode.service": ("u1", ("decode",)),
@@ -98,3 +98,55 @@ def test_parse_drift_reads_the_probe_and_refuses_what_it_does_not_know() -> None
     for bad in ("file\t../../etc/passwd\tmodified", "nonsense", "file\tx\tgone"):
         with pytest.raises(RemoteError):
             parse_drift(bad + "\n")
+
+
+def test_a_running_command_line_that_differs_restarts_its_role_once() -> None:
+    running = {"dsv4-x-decode.service": "only running: ['1900']; only in release: ['1800']"}
+    acts = transition(RELEASE, RELEASE, ACTIVE, running=running)
+    assert [(a.kind, a.target) for a in acts] == [("restart", "dsv4-x-decode.service")]
+    assert acts[0].reason == f"{RUNNING}: only running: ['1900']; only in release: ['1800']"
+    assert OUTSIDE in acts[0].reason and acts[0].downtime == "minutes"
+    # files that change restart it anyway, once, for them; a unit not running is started
+    both = transition(RELEASE, RELEASE, ACTIVE, running=running,
+                      outside={"bin/launch-decode.sh": "modified"})
+    assert [a.kind for a in both].count("restart") == 1 and RUNNING not in both[-1].reason
+    down = transition(RELEASE, RELEASE, {**ACTIVE, "dsv4-x-decode.service": "inactive"},
+                      running=running)
+    assert [(a.kind, a.reason) for a in down] == [("start", "not running")]
+
+
+def test_plan_compares_the_running_command_line_with_the_release() -> None:
+    import shlex
+
+    ctx = load_context(PROFILES / "mxfp4-tp8.yaml", PROFILES / "inventory.yaml")
+    empty = build_plan(ctx, _facts())
+    files = {f.path: f.sha256 for f in empty.files}
+    roles = {f.path: list(f.roles) for f in empty.files if f.roles}
+    units = [UnitFact(name=a.target, active="active") for a in empty.actions if a.kind == "start"]
+    [unit] = [u.name for u in units if u.name.endswith("-engine.service")]
+    launch = next(f.content for f in empty.files if f.path == "bin/launch-engine.sh")
+    # what the process runs: the launch script's exec line as bash passes it (line continuations
+    # joined), from the probe's first ``--`` flag
+    words = shlex.split(launch.split("\nexec ", 1)[1].replace("\\\n", " "))
+    words = words[next(i for i, w in enumerate(words) if w.startswith("--")):]
+    clean = _facts(current_release="r0001", current_files=files, current_roles=roles,
+                   units=units, running={unit: words})
+    assert build_plan(ctx, clean).actions == []  # the release's own command line
+    i = words.index("--watchdog-timeout")
+    other = clean.model_copy(update={"running": {unit: [*words[:i + 1], "1900",
+                                                        *words[i + 2:]]}})
+    plan = build_plan(ctx, other)
+    assert plan.has_changes and [(a.kind, a.target) for a in plan.actions] == [("restart", unit)]
+    assert plan.actions[0].reason.startswith(RUNNING) and "'1900'" in plan.actions[0].reason
+    assert other.fingerprint() != clean.fingerprint()  # a saved plan goes stale with it
+
+
+def test_parse_running_reads_the_probe_and_refuses_what_it_does_not_know() -> None:
+    out = ('file\tbin/launch-decode.sh\tmodified\n'
+           'cmdline\tunits/dsv4-x-decode.service\t["--port", "30002"]\n')
+    assert parse_running(out) == {"dsv4-x-decode.service": ["--port", "30002"]}
+    assert parse_drift(out) == {"bin/launch-decode.sh": "modified"}
+    for bad in ('cmdline\tunits/../x\t[]', 'cmdline\tbin/x\t[]', 'cmdline\tunits/u\t{"a": 1}',
+                'cmdline\tunits/u\t[1]', 'cmdline\tunits/u\tnot json', 'cmdline\tunits/u'):
+        with pytest.raises(RemoteError):
+            parse_running(bad + "\n")
