@@ -299,3 +299,24 @@ def test_status_drift_never_shows_a_secret_flag() -> None:
     other = {"launch_command": shlex.join(["sglang", "serve", *argv, "--x", f"--api-key={CANARY}"])}
     (msg,) = _server_info_drift(role, dep, other)
     assert "--x" in msg and CANARY not in msg
+
+
+def test_plan_reads_a_shimmed_engine_command_line_like_the_release() -> None:
+    """The process of an engine with a key runs the secrets shim (``python -c SHIM ... --api-key
+    NAME serve ...``): its /proc cmdline from the first flag, as the drift probe keeps it, is the
+    release's command line, and one that differs is named without the secret flag."""
+    from orchestrator.planner.transition import running_drift
+    from orchestrator.render import ENGINE_ENTRY
+    from orchestrator.render.argv import engine_argv
+    from orchestrator.render.secrets import secret_args, shim_program
+
+    profile = _profile(secrets={"DSV4_SECRET_API_KEY": {"env": "X"}})
+    dep = resolve_profile(profile)
+    role = dep.roles[0]
+    words = [*shim_program("/opt/e/bin/python", ENGINE_ENTRY, secret_args(dep, "sglang")),
+             "serve", *engine_argv(dep, role)]
+    probed = words[next(i for i, w in enumerate(words) if w.startswith("--")):]
+    assert probed[:2] == ["--api-key", "DSV4_SECRET_API_KEY"]  # the shim's pair comes first
+    assert running_drift(dep, {role.unit: probed}) == {}
+    (how,) = running_drift(dep, {role.unit: [*probed, "--x"]}).values()
+    assert "--x" in how and "api-key" not in how and "DSV4_SECRET" not in how
