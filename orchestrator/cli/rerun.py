@@ -9,7 +9,9 @@ Two ways in: :meth:`Target.command` builds a command whole (plan's ``-o`` advice
 :func:`complete` fills the run's target into the commands that other layers write into their
 messages and fixes (``re-plan: dsv4ctl plan --host box --live``): the apply layer cannot know the
 CLI's flags, so the CLI's output (``orchestrator.cli.output.echo``) completes every text line it
-prints while a command runs. A flag the command already names is left as written.
+prints while a command runs. A flag the command already names is left as written, and a
+command in double quotes is a quotation of what some run did (the lock holder's command
+line), a fact that is shown as it was, never completed.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ OPTIONS: contextvars.ContextVar[Mapping[str, frozenset[str]] | None] = contextva
 _OPERAND_IS_PROFILE = frozenset({"validate", "plan", "render", "apply"})
 _TAKES_VALUE = frozenset({"-o", "--out", "-i", "--inventory", "--host", "-p", "--profile",
                           "--format", "-U", "--context", "--replace", "--git"})
-_COMMAND = re.compile(r"(?<![\w./-])dsv4ctl ((?:probe |calibrate )?[a-z]+)(?=[ `'\"]|$)"
+_COMMAND = re.compile(r"(?<![\w./\"-])dsv4ctl ((?:probe |calibrate )?[a-z]+)(?=[ `'\"]|$)"
                       r"([^`;\n'\"]*)")
 
 

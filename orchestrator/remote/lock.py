@@ -52,7 +52,9 @@ class Holder:
         parts = [f"user {i.get('user', '?')} on {i.get('controller', '?')} "
                  f"(pid {i.get('pid', '?')})",
                  f"since {i.get('started', '?')}",
-                 f"running: {i.get('command', '?')}"]
+                 # quoted: the holder's own command line, which the CLI shows as it was
+                 # instead of completing it with this run's -p/-i (cli/rerun.py)
+                 f"running: \"{i.get('command', '?')}\""]
         if self.remote_pid is not None:
             parts.append(f"lock process pid {self.remote_pid} on the host")
         return ", ".join(parts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -69,6 +70,18 @@ def said(capsys: pytest.CaptureFixture[str]) -> str:
     with line folding undone (messages are wrapped to the terminal's width)."""
     c = capsys.readouterr()
     return " ".join((c.out + c.err).split())
+
+
+def run_printed(out: str, verb: str, release: str) -> int:
+    """Run the `dsv4ctl VERB ... RELEASE ... --host h` that dsv4ctl printed, exactly as printed
+    (its own -p/-i/--host), with only --yes added: pytest's stdin is not a terminal."""
+    from orchestrator.cli import main
+
+    m = re.search(rf"dsv4ctl ({verb} [^`]*?{release}[^`]*?--host h)(?:$|[` ])", out)
+    assert m, f"no printed 'dsv4ctl {verb} ... {release} ... --host h' in: {out}"
+    argv = shlex.split(m.group(1))
+    assert "-i" in argv or "--inventory" in argv, f"the printed command names no inventory: {argv}"
+    return main([*argv, "--yes"])
 
 
 def observed_units(env: Env) -> dict[str, dict[str, Any]]:
@@ -366,13 +379,13 @@ def test_failed_restore_then_printed_recovery_works(env: Env,
     capsys.readouterr()
     assert env.apply(decode_knob(env, 32), name="p2.json") == ExitCode.ROLLBACK_FAILED
     out = said(capsys)
-    assert f"dsv4ctl rollback {r1} --host h" in out
+    assert re.search(rf"dsv4ctl rollback [^`]*{r1}[^`]*--host h", out), out
     assert env.record(r1)["status"] == "unhealthy"
     assert env.current() == r1 and not env.serves()
     env.fake.write_sim_control({})  # the cause is fixed
     before = observed_units(env)["decode"]
     assert before["active"] == "active/running"  # runs, but never became ready
-    assert env.cli("rollback", r1, "--host", "h") == 0
+    assert run_printed(out, "rollback", r1) == 0, said(capsys)
     # the running-but-unhealthy decode was restarted (a new process), not just re-verified
     assert observed_units(env)["decode"]["pid"] not in (0, before["pid"])
     env.assert_recovered(r1)
@@ -579,8 +592,10 @@ def test_disk_full_right_after_the_switch(env: Env, monkeypatch: Any, tmp_path: 
             r3 = env.current()
             assert r3 not in (r1, r2) and env.record(r3)["status"] == "healthy"
         else:
-            assert rc == ExitCode.ROLLED_BACK or f"dsv4ctl rollback {r1} --host h" in out
-            assert env.cli("rollback", r1, "--host", "h") == 0, said(capsys)
+            if rc == ExitCode.ROLLED_BACK:
+                assert env.cli("rollback", r1, "--host", "h") == 0, said(capsys)
+            else:
+                assert run_printed(out, "rollback", r1) == 0, said(capsys)
             env.assert_recovered(r1)
         assert env.record(r2)["status"] in ("rolled-back", "rollback-failed")
         assert env.record(r2)["events"][-1]["kind"] == "reconciled"

@@ -42,3 +42,19 @@ def test_a_command_is_never_folded_in_two() -> None:
     whole = next(p for p in pieces if "dsv4ctl" in p)
     cmd = whole[whole.index("dsv4ctl"):].split(" (never")[0]
     assert shlex.split(cmd)[-2:] == ["-o", "PLAN.json"]
+
+
+def test_a_lock_holders_command_is_shown_as_it_was_run() -> None:
+    """The holder's command line is a fact about another run: completing it with this run's -p
+    and -i showed a command the holder never ran ("running: dsv4ctl apply -p ... -i ...
+    other-plan.json"). The fix beside it is still completed."""
+    from orchestrator.remote.lock import Holder
+
+    holder = Holder(None, {"user": "ops", "controller": "vm", "pid": 7,
+                           "started": "2026-12-02T06:00:00Z",
+                           "command": "dsv4ctl apply other-plan.json"})
+    text = (f"host 'box' is locked by another dsv4ctl run: {holder.describe()}; fix: "
+            f"`dsv4ctl unlock --force --host box` ends it")
+    out = complete(text, T, _options())
+    assert 'running: "dsv4ctl apply other-plan.json"' in out
+    assert "`dsv4ctl unlock -p '/p/my profile.yaml' -i /p/inv.yaml --force --host box`" in out
