@@ -26,6 +26,9 @@ cannot be captured is timed eagerly and says so. A contender that cannot run her
 sm_120 kernel on another GPU, a package the env lacks) is ``unavailable`` with the reason, never an
 error. Prints one JSON document (an ``orchestrator.facts.KernelQualification``); exit 0 unless
 the arguments are wrong or no GPU is visible (2).
+
+Past ~400 lines: the host runs this one module (``python -m``) and nothing else of the
+package's tools; one section per op (cases, contenders, timing); the seam is a module per op.
 """
 
 from __future__ import annotations

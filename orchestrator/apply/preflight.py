@@ -1,7 +1,10 @@
 """The checks before anything changes: apply's and rollback's preflight steps, the stale-plan test,
 the service user, the transition they decide, and the reconcile of records a lost run left behind.
 
-Every read here runs before the switch; a failure leaves what serves untouched (issue 20).
+Every read here runs before the switch; a failure leaves what serves untouched. Past ~400 lines:
+apply's and rollback's preflights share the stale test, the transition and the secrets digests;
+the seam is the reconcile of lost runs' records (``reconcile``, ``local_record_path``) into its own
+module.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ host runs now (``from_files``) to a target release on the host (``target_files``
 files differ are stopped and restarted; roles that are not running are started.
 
 The state the steps share and how a release is read back live in :mod:`.context`; the checks
-before anything changes (preflight, reconcile) in :mod:`.preflight`.
+before anything changes (preflight, reconcile) in :mod:`.preflight`. Past ~400 lines: every step the
+playbooks name sits beside :data:`ACTIONS`, the registry; the seam is the kernel steps
+(``install_kernels``, ``selftest_outcome``, ``qualify``, ``kernels_seen``) into their own module.
 """
 from __future__ import annotations
 

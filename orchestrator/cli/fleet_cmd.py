@@ -7,7 +7,8 @@ needs (keeping each probe's connection for the run: one SSH connection per host)
 asks once (naming every host a secrets rotation restarts), then prints the outcome: the fleet of
 one as the single host always printed it (its own result, its exit code), a fleet as its hosts'
 outcomes and its journal. The commands themselves are in :mod:`.apply_cmd`; shared helpers in
-:mod:`.common`.
+:mod:`.common`. Just past ~400 lines: one flow from targets to the printed end, read top to bottom;
+the seam, if it grows, is the printing of a run's end (one host or a fleet) into its own module.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Every write is atomic on the host: files go to a temp name and are renamed into 
 tree is unpacked into ``releases/.tmp-<id>`` and only renamed to ``releases/<id>`` once its manifest
 verifies; ``current`` is switched with ``ln -sfn`` to a temp link and ``mv -T`` over the old one
 (rename(2) is atomic), the Capistrano idiom. A dropped connection at any point leaves ``current``
-pointing at a complete release.
+pointing at a complete release. Past ~400 lines: every change to the releases directory is here so
+that each follows the same atomic protocol; the seam is the per-release secrets files
+(``secrets_body`` and the env quoting) into their own module.
 """
 
 from __future__ import annotations
