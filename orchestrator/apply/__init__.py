@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.errors import DsvError
 from orchestrator.planner_model import Plan
 from orchestrator.profile.inventory import Host
-from orchestrator.release.record import rollback_target
+from orchestrator.release.record import chosen_rollback_target
 
 Out = Callable[[str], None]
 
@@ -194,7 +194,6 @@ def rollback(host_name: str, host: Host, target: str | None, *, out: Out, comman
     ``remote``, the driver's connection (:class:`.fleet_rollback.RollbackOps`)."""
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
-    from orchestrator.release_ids import is_release_id
 
     ctx: Any = None
     try:
@@ -202,14 +201,7 @@ def rollback(host_name: str, host: Host, target: str | None, *, out: Out, comman
                       now=Runner(out).now, command=command)
         records = ctx.store.read_records()
         current = ctx.store.current()
-        if target is None:
-            target = rollback_target(records, current)
-            if target is None:
-                raise DsvError(f"no healthy release before {current or 'none'} on host "
-                               f"'{host_name}'", fix=f"see `dsv4ctl history --host {host_name}`")
-        elif not is_release_id(target) or target not in {r.id for r in records}:
-            raise DsvError(f"release {target!r} does not exist on host '{host_name}'",
-                           fix=f"pick one from `dsv4ctl history --host {host_name}`")
+        target = chosen_rollback_target(records, current, target, host_name)
         return Runner(out).rollback(ctx, target)
     finally:
         _publish_metrics(remote, host, _rollback_profile(ctx), out)

@@ -2,7 +2,7 @@
 it asks (the prompt used to say only "restarts the roles that differ" and print `3 to restart`
 after the answer).
 
-Owns nothing of its own: the same target choice (``release.record.rollback_target``), the same
+Owns nothing of its own: the same target choice (``release.record.chosen_rollback_target``), the same
 manifests and unit states the rollback's preflight reads, and the same transition function
 (``planner.transition``). The preflight recomputes it under the host lock, so a host that moved
 in between is handled there as before.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.errors import DsvError
 from orchestrator.profile.inventory import Host
 
 
@@ -21,9 +20,8 @@ def preview_rollback(host_name: str, host: Host, release: str | None
     """(the target release, the transition's actions, whether it is a full outage)."""
     from orchestrator.apply.context import load_release
     from orchestrator.planner.transition import outage, transition, units_of
-    from orchestrator.release.record import rollback_target
+    from orchestrator.release.record import chosen_rollback_target
     from orchestrator.release.store import ReleaseStore
-    from orchestrator.release_ids import is_release_id
     from orchestrator.remote.connection import connect
     from orchestrator.remote.systemd import ServiceManager
 
@@ -32,13 +30,7 @@ def preview_rollback(host_name: str, host: Host, release: str | None
         store = ReleaseStore(remote, host.install_root)
         records = store.read_records()
         current = store.current()
-        target = release or rollback_target(records, current)
-        if target is None:
-            raise DsvError(f"no healthy release before {current or 'none'} on host "
-                           f"'{host_name}'", fix=f"see `dsv4ctl history --host {host_name}`")
-        if not is_release_id(target) or target not in {r.id for r in records}:
-            raise DsvError(f"release {target!r} does not exist on host '{host_name}'",
-                           fix=f"pick one from `dsv4ctl history --host {host_name}`")
+        target = chosen_rollback_target(records, current, release, host_name)
         cur = (load_release(store, current)[0]
                if current is not None and store.exists(current) else None)
         tgt = load_release(store, target)[0]

@@ -16,9 +16,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.errors import DsvError
 from orchestrator.facts import PoolMeasurement
 from orchestrator.host_data import HostDataError, bounded_json, release_id, slug
 from orchestrator.planner_model import Plan
+from orchestrator.release_ids import is_release_id
 
 RECORD_FORMAT = 1
 
@@ -206,3 +208,20 @@ def rollback_target(records: list[ReleaseRecord], current: str | None, *,
     if current and current != failed and by_id.get(current) and by_id[current].status == "healthy":
         return current
     return last_healthy(records, exclude=[failed])
+
+
+def chosen_rollback_target(records: list[ReleaseRecord], current: str | None,
+                           release: str | None, host_name: str) -> str:
+    """The release ``dsv4ctl rollback [RELEASE]`` restores on ``host_name``: RELEASE when it is one
+    of the host's releases, else (none given) :func:`rollback_target`'s pick. The one owner of
+    that choice and of its refusals, so the transition shown before the prompt is the one run."""
+    if release is None:
+        target = rollback_target(records, current)
+        if target is None:
+            raise DsvError(f"no healthy release before {current or 'none'} on host "
+                           f"'{host_name}'", fix=f"see `dsv4ctl history --host {host_name}`")
+        return target
+    if not is_release_id(release) or release not in {r.id for r in records}:
+        raise DsvError(f"release {release!r} does not exist on host '{host_name}'",
+                       fix=f"pick one from `dsv4ctl history --host {host_name}`")
+    return release

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from orchestrator.apply.executor import ACTIONS
 from orchestrator.apply.playbook import load_playbook
-from orchestrator.errors import InputError, RemoteError
+from orchestrator.errors import DsvError, InputError, RemoteError
 from orchestrator.planner.transition import (
     ReleaseFile,
     release_from_manifest,
@@ -25,7 +25,12 @@ from orchestrator.planner.transition import (
     transition,
 )
 from orchestrator.release.prune import select_prunable
-from orchestrator.release.record import ReleaseRecord, last_healthy, rollback_target
+from orchestrator.release.record import (
+    ReleaseRecord,
+    chosen_rollback_target,
+    last_healthy,
+    rollback_target,
+)
 from orchestrator.release.store import ReleaseStore, build_tarball
 from orchestrator.release_ids import is_release_id, new_release_id, sequence, sort_ids
 from orchestrator.remote.probes import CommandResult
@@ -78,6 +83,20 @@ def test_last_healthy_and_rollback_target() -> None:
     assert rollback_target(rs, rs[1].id) == rs[0].id
     assert rollback_target(rs, rs[0].id) is None
     assert rollback_target(rs, rs[3].id) == rs[1].id
+
+
+def test_the_rollback_a_command_asks_for() -> None:
+    """One owner for `dsv4ctl rollback [RELEASE]`'s choice and refusals: the preview shown before
+    the prompt and the rollback itself both call it."""
+    rs = [rec(1, "healthy"), rec(2, "healthy")]
+    assert chosen_rollback_target(rs, rs[1].id, None, "h") == rs[0].id
+    assert chosen_rollback_target(rs, rs[1].id, rs[1].id, "h") == rs[1].id
+    with pytest.raises(DsvError, match="no healthy release before"):
+        chosen_rollback_target(rs, rs[0].id, None, "h")
+    for bad in ("r0009-20261129T101500Z-1a2b3c4d", "../r1", "latest"):
+        with pytest.raises(DsvError, match="does not exist on host 'h'") as e:
+            chosen_rollback_target(rs, rs[1].id, bad, "h")
+        assert "dsv4ctl history --host h" in (e.value.fix or "")
 
 
 def test_changed_roles() -> None:
