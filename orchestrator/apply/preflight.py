@@ -378,12 +378,21 @@ def _local_record(host: str, release_id: str) -> ReleaseRecord | None:
         return None
 
 
+def missing_release_part(store: Any, release_id: str) -> str | None:
+    """The first of the files a release is read back from that the host lacks (None: complete).
+    The rollback's preflight refuses such a release; its preview says why it shows nothing."""
+    for rel in (MANIFEST, PLAN, "profile.yaml"):
+        if not store.exists(release_id, rel):
+            return rel
+    return None
+
+
 def rollback_preflight(ctx: Context, step: Any) -> Outcome:
     assert ctx.target is not None
-    for rel in (MANIFEST, PLAN, "profile.yaml"):
-        if not ctx.store.exists(ctx.target, rel):
-            raise StepFailed(f"release {ctx.target} is incomplete on the host: {rel} is missing",
-                             fix="pick another release from `dsv4ctl history`")
+    rel = missing_release_part(ctx.store, ctx.target)
+    if rel is not None:
+        raise StepFailed(f"release {ctx.target} is incomplete on the host: {rel} is missing",
+                         fix="pick another release from `dsv4ctl history`")
     ctx.target_files, ctx.deployment, ctx.profile = load_release(ctx.store, ctx.target)
     from orchestrator.remote.probes import require_engine_env
 

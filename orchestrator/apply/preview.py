@@ -16,9 +16,12 @@ from orchestrator.profile.inventory import Host
 
 
 def preview_rollback(host_name: str, host: Host, release: str | None
-                     ) -> tuple[str, list[Any], bool]:
-    """(the target release, the transition's actions, whether it is a full outage)."""
+                     ) -> tuple[str, list[Any] | str, bool]:
+    """(the target release, the transition's actions, whether it is a full outage); instead of
+    the actions, why none can be shown when the target cannot be read back (the rollback's
+    preflight then refuses it, records the refusal and changes nothing)."""
     from orchestrator.apply.context import load_release
+    from orchestrator.apply.preflight import missing_release_part
     from orchestrator.planner.transition import outage, transition, units_of
     from orchestrator.release.record import chosen_rollback_target
     from orchestrator.release.store import ReleaseStore
@@ -31,8 +34,11 @@ def preview_rollback(host_name: str, host: Host, release: str | None
         records = store.read_records()
         current = store.current()
         target = chosen_rollback_target(records, current, release, host_name)
+        missing = missing_release_part(store, target)
+        if missing is not None:
+            return target, f"release {target} is incomplete on the host: {missing} is missing", False
         cur = (load_release(store, current)[0]
-               if current is not None and store.exists(current) else None)
+               if current is not None and missing_release_part(store, current) is None else None)
         tgt = load_release(store, target)[0]
         units = {*units_of(cur or {}).values(), *units_of(tgt).values()}
         states = {u: st.active for u, st in ServiceManager(remote, host.scope).show(

@@ -149,6 +149,9 @@ def _show_rollback(name: str, host: object, release: str | None, yes: bool) -> s
     from orchestrator.planner.transition import roles_restarted
 
     target, actions, full = preview_rollback(name, host, release)
+    if isinstance(actions, str):  # unreadable target: the rollback refuses it, changing nothing
+        echo(f"Rollback of host '{name}' to {target}: cannot be shown ({actions})")
+        return f"Roll host '{name}' back to {target} (its preflight will refuse it)?"
     down = ("a full outage: no engine of the current release keeps serving until the restored "
             "engines are ready (minutes)" if full else None)
     echo(f"Rollback of host '{name}' to {target}:")

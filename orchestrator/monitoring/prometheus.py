@@ -99,6 +99,12 @@ def _router_metrics_address(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def router_target(dep: Deployment) -> str:
+    """The router's metrics target in the host's scrape config (``dep.router`` must be set)."""
+    assert dep.router is not None
+    return f"{_router_metrics_address(dep.router.host)}:{dep.router.prometheus_port}"
+
+
 def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
     """prometheus.yml for a Prometheus on the deployment's host: engines that listen on loopback
     only (``orchestrator.render.argv.ENGINE_HOST``) are scraped at 127.0.0.1:<port>, a fleet's at
@@ -122,8 +128,7 @@ def scrape_config(profile: Profile, dep: Deployment) -> dict[str, Any]:
                 "metrics_path": "/metrics",
                 "static_configs": [
                     {
-                        "targets": [f"{_router_metrics_address(dep.router.host)}:"
-                                    f"{dep.router.prometheus_port}"],
+                        "targets": [router_target(dep)],
                         "labels": {"deployment": dep.name, "role": "router"},
                     }
                 ],

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from orchestrator.monitoring import analysis, release_files
+from orchestrator.monitoring.prometheus import router_target
 from orchestrator.paths import data_dir
 from orchestrator.planner.build import resolve_deployment
 from orchestrator.planner.fleet import fleet_context, plan_fleet
@@ -70,8 +71,7 @@ def test_analysis_against_a_real_prometheus(tmp_path: Path) -> None:
         # routing may leave one host idle for a while, and an idle wave fails min_requests)
         router = sims.router(workers=tuple(urls), extra=("--policy", "round_robin"))
         where = {t: u[7:] for t, u in zip(engines, urls, strict=True)}
-        where[f"127.0.0.1:{rhost.router.prometheus_port}"] = \
-            f"127.0.0.1:{sims.router_metrics[router]}"
+        where[router_target(rhost)] = f"127.0.0.1:{sims.router_metrics[router]}"
         for t in (t for j in cfg["scrape_configs"] if j["job_name"].endswith("-gpu")
                   for c in j["static_configs"] for t in c["targets"]):
             where[t] = "127.0.0.1:9"  # no GPU exporter here: not what this test looks at
