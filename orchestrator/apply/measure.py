@@ -21,6 +21,7 @@ from orchestrator.calibration import last_scheduler_line
 from orchestrator.facts import PoolMeasurement
 from orchestrator.planner_model import Plan, RoleCapacity
 from orchestrator.release.record import stamp
+from orchestrator.remote.hostfs import remove_if_present
 
 
 def calibration_path(install_root: str) -> str:
@@ -42,9 +43,7 @@ def write_host_calibration(remote: Any, install_root: str,
 
 def reset_host_calibration(remote: Any, install_root: str) -> bool:
     """Remove the host's calibration.json; True when there was one."""
-    path = shlex.quote(calibration_path(install_root))
-    res = remote.run(f"if [ -e {path} ]; then rm -f {path} && echo removed; fi", timeout=30)
-    return "removed" in res.stdout
+    return remove_if_present(remote, calibration_path(install_root))
 
 
 def measurement(cap: RoleCapacity, plan: Plan, *, measured_tokens: int,

@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator import kernel_qualification as KQ
 from orchestrator.errors import DsvError
 from orchestrator.facts import KernelQualification
+from orchestrator.remote.hostfs import remove_if_present
 
 RUN_TIMEOUT_S = 1800  # Triton compiles every contender's kernels at first use
 
@@ -44,9 +45,8 @@ def write_host(remote: Any, install_root: str, measurements: list[KernelQualific
 
 
 def reset_host(remote: Any, install_root: str) -> bool:
-    path = shlex.quote(qualification_path(install_root))
-    res = remote.run(f"if [ -e {path} ]; then rm -f {path} && echo removed; fi", timeout=30)
-    return "removed" in res.stdout
+    """Remove the host's kernels-qualification.json; True when there was one."""
+    return remove_if_present(remote, qualification_path(install_root))
 
 
 def _kernels_tarball() -> tuple[bytes, str]:

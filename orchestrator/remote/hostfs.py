@@ -25,6 +25,7 @@ the directories are checked, nobody but the deploying user or root can plant one
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 REFUSED_RC = 86
 
@@ -140,3 +141,11 @@ def relative(root: str, path: str) -> str:
     if not path.startswith(root + "/"):
         raise ValueError(f"{path} is not under the install root {root}")
     return path[len(root) + 1:]
+
+
+def remove_if_present(shell: Any, path: str) -> bool:
+    """Remove the file ``path`` on the host if it exists; True when there was one. The reset of
+    a stored fact (calibration.json, kernels-qualification.json) on the host."""
+    quoted = shlex.quote(path)
+    res = shell.run(f"if [ -e {quoted} ]; then rm -f {quoted} && echo removed; fi", timeout=30)
+    return "removed" in res.stdout
