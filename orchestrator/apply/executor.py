@@ -50,6 +50,10 @@ class Result:
     details: list[str] = field(default_factory=list)
     recovery: str | None = None
     rolled_back_to: str | None = None
+    # where clients connect now (planner.endpoints.Endpoint): set when the host ends healthy on
+    # a release or has nothing to change, from the deployment it serves; what the run's end
+    # prints, one host or a fleet
+    endpoints: list[Any] = field(default_factory=list)
 
 
 class _StepError(Exception):
@@ -190,6 +194,21 @@ def _summary(rec: ReleaseRecord | None) -> tuple[list[str], list[str]]:
     return done, not_done
 
 
+def _endpoints(ctx: Context) -> list[Any]:
+    """Where clients connect to the release the host now serves (its deployment)."""
+    from orchestrator.planner.endpoints import endpoints
+
+    return endpoints(ctx.deployment, ctx.host.address) if ctx.deployment else []
+
+
+def _with_endpoints(message: str, eps: list[Any]) -> str:
+    """A healthy (or no-change) end's message, then its endpoints: what one host's run prints
+    last."""
+    from orchestrator.planner.endpoints import endpoint_lines
+
+    return "\n".join([message, *endpoint_lines(eps)])
+
+
 def restore(ctx: Context, target: str | None, reason: str, *, prefix: str = "rollback:"
             ) -> tuple[bool, str]:
     """Bring back ``target`` after a failed or interrupted apply or rollback (rollback playbook,
@@ -294,8 +313,9 @@ class Runner:
                 finish = run_playbook(pb, ctx, end=1)
             except _StepError as err:
                 raise err.cause from None
-            if finish:
-                return Result(None, "no-changes", finish)
+            if finish:  # nothing to change: it still ends with where clients connect
+                eps = _endpoints(ctx)
+                return Result(None, "no-changes", _with_endpoints(finish, eps), endpoints=eps)
             now = self.now()
             ctx.target = new_release_id([r.id for r in ctx.records], now, pid)
             ctx.record = ctx.record.model_copy(update={
@@ -330,11 +350,9 @@ class Runner:
             except _StepError as err:
                 return self._after_failure(ctx, err)
             done, _ = _summary(ctx.record)
-            from orchestrator.planner.endpoints import endpoint_lines
-
-            where = endpoint_lines(ctx.deployment, ctx.host.address) if ctx.deployment else []
-            return Result(ctx.target, "healthy", "\n".join(
-                [f"Apply complete: {ctx.target} is healthy.", *where]), done=done)
+            eps = _endpoints(ctx)
+            return Result(ctx.target, "healthy", _with_endpoints(
+                f"Apply complete: {ctx.target} is healthy.", eps), done=done, endpoints=eps)
         finally:
             if ctx.lock is not None:
                 ctx.lock.release()
@@ -458,8 +476,10 @@ class Runner:
                     run_playbook(pb, ctx)
             except _StepError as err:
                 return self._rollback_failed(ctx, target, err)
-            return Result(target, "healthy", f"Rolled back: {target} is current and healthy.",
-                          rolled_back_to=target)
+            eps = _endpoints(ctx)  # the target's deployment (the rollback's preflight read it)
+            return Result(target, "healthy", _with_endpoints(
+                f"Rolled back: {target} is current and healthy.", eps),
+                rolled_back_to=target, endpoints=eps)
         finally:
             ctx.lock.release()
 

@@ -277,8 +277,7 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
             "units": rep.units,
             "file_drift": rep.file_drift, "profile_drift": rep.profile_drift,
             "pool_drift": rep.pool_drift,
-            "endpoints": [{"name": e.name, "url": e.url, "exposure": e.exposure, "key": e.key,
-                           "client_facing": e.client_facing} for e in rep.endpoints]},
+            "endpoints": [e.as_dict() for e in rep.endpoints]},
             indent=2))
         return code
     say(f"host {name}: current release {rep.current or 'none'}"
@@ -300,10 +299,10 @@ def status(profile_path: Path | None, inventory: Path | None, host_name: str | N
         say(f"  drift (pool): {d}")
     if not rep.file_drift and not rep.profile_drift and not rep.pool_drift and rep.current:
         say("  no drift")
-    if rep.endpoints:  # where clients connect, last
-        say("Endpoints:")
-        for e in rep.endpoints:
-            say(f"  {e.line()}")
+    from orchestrator.planner.endpoints import endpoint_lines
+
+    for line in endpoint_lines(rep.endpoints):  # where clients connect, last
+        say(line)
     return code
 
 

@@ -235,7 +235,9 @@ def test_first_apply_then_no_change(env: Env, capsys: pytest.CaptureFixture[str]
     capsys.readouterr()
     # no-change apply: restarts nothing, says so, creates no release
     assert env.apply(profile, name="again.json") == 0
-    assert "No changes." in capsys.readouterr().out
+    said = capsys.readouterr().out
+    # ... and still ends with where clients connect (before: "No changes." alone)
+    assert "No changes.\nEndpoints:\n" in said and said.rstrip().endswith("API key)"), said
     assert {m: env.starts(m) for m in before} == before
     assert env.releases() == [rel] and env.current() == rel and env.lock_free()
 
