@@ -1,9 +1,10 @@
-"""The fleet at a glance: `status -p FLEET` and `history -p FLEET`.
+"""The fleet at a glance: `status -p FLEET`, `history -p FLEET` and where clients connect.
 
 Owns what the fleet's status reads (each host's own status in parallel, the router's view of its
-engines, the fleet lock's holder, the last run's journal) and the fleet's history (every run's
-journal in order). Split from :mod:`.fleet_ops`, the driver, which it reads through (connections,
-the router's client) without changing anything.
+engines, the fleet lock's holder, the last run's journal, every host's endpoints), the fleet's
+history (every run's journal in order), and which release's endpoints each host shows at the end
+of a fleet run (:func:`run_endpoints`). Split from :mod:`.fleet_ops`, the driver, which it reads
+through (connections, the router's client) without changing anything.
 """
 
 from __future__ import annotations
@@ -71,9 +72,30 @@ def fleet_status(fleet: FleetPlan, hosts: dict[str, Host], *, status: Callable[[
             "in_router": None if listed is None or n not in listed else listed[n],
             "error": rep if isinstance(rep, str) else None,
         })
+    from orchestrator.planner.endpoints import fleet_endpoints
+
+    # each host's from its current release (a host whose status failed has none to show)
+    eps = fleet_endpoints(getattr(reports[n], "endpoints", []) for n in names)
     return {"profile": fleet.profile_name, "router_on": fleet.router_on, "hosts": rows,
             "router_answers": listed is not None, "last_rollout": last,
-            "in_progress": running}
+            "in_progress": running, "endpoints": eps}
+
+
+def run_endpoints(ops: FleetOps) -> list[Any]:
+    """Where clients connect at the end of a fleet run (planner.endpoints.Endpoint, the router
+    first): a host the run left healthy on a release, that release's (its result's: a rollback's
+    target may listen elsewhere than the profile says); any other host its plan's: what an
+    unchanged host serves, and what the profile gives a host outside a ``--host`` selection."""
+    from orchestrator.planner.endpoints import endpoints, fleet_endpoints
+
+    def of(host: str) -> list[Any]:
+        res = ops.results.get(host)
+        if res is not None and res.endpoints:
+            return list(res.endpoints)
+        plan = ops.plans.get(host)
+        return endpoints(plan.deployment, ops.hosts[host].address) if plan is not None else []
+
+    return fleet_endpoints(of(h) for h in ops.targets.fleet_hosts)
 
 
 def _safe_status(status: Callable[[str, Host], Any], name: str, host: Host) -> Any:

@@ -6,9 +6,10 @@ the router, what ``--host`` selects) from a profile or a saved plan, probes the 
 needs (keeping each probe's connection for the run: one SSH connection per host), shows the plan,
 asks once (naming every host a secrets rotation restarts), then prints the outcome: the fleet of
 one as the single host always printed it (its own result, its exit code), a fleet as its hosts'
-outcomes and its journal. The commands themselves are in :mod:`.apply_cmd`; shared helpers in
-:mod:`.common`. Just past ~400 lines: one flow from targets to the printed end, read top to bottom;
-the seam, if it grows, is the printing of a run's end (one host or a fleet) into its own module.
+outcomes, its journal and where clients connect (the router, then every engine host's engines).
+The commands themselves are in :mod:`.apply_cmd`; shared helpers in :mod:`.common`. Past ~400
+lines (~430): one flow from targets to the printed end, read top to bottom; the seam, if it grows,
+is the printing of a run's end (one host or a fleet, text or JSON) into its own module.
 """
 
 from __future__ import annotations
@@ -256,10 +257,23 @@ def _json_document(result: Any, ops: Any, where: str | None, verb: str) -> int:
         hosts[h] = entry
     if not ops.targets.single and result.exit_code:
         code = int(result.exit_code)
+    # where clients connect, as the text run ends with (none when the run did not end healthy)
+    eps = [e.as_dict() for e in _end_endpoints(result, ops)] if code == 0 else []
     echo(json.dumps({"ok": code == 0, "command": verb.lower(), "exit_code": code,
-                     "reason": result.reason, "journal": where, "hosts": hosts},
-                    indent=2, sort_keys=True), raw=True)
+                     "reason": result.reason, "journal": where, "hosts": hosts,
+                     "endpoints": eps}, indent=2, sort_keys=True), raw=True)
     return code
+
+
+def _end_endpoints(result: Any, ops: Any) -> list[Any]:
+    """The endpoints a run ends with: the fleet of one, its host's result's; a fleet, the
+    router's and every engine host's (:func:`orchestrator.apply.fleet_view.run_endpoints`)."""
+    if ops.targets.single:
+        res = ops.results.get(ops.targets.moved[0])
+        return list(res.endpoints) if res is not None else []
+    from orchestrator.apply.fleet_view import run_endpoints
+
+    return run_endpoints(ops)
 
 
 def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) -> int:
@@ -309,6 +323,10 @@ def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) ->
             f"{sum(o.state == 'unchanged' for o in result.outcomes.values())} unchanged.")
     else:
         say(f"Rollback complete: {moved} host(s) back on their previous release.")
+    from orchestrator.planner.endpoints import endpoint_lines
+
+    for line in endpoint_lines(_end_endpoints(result, ops)):  # where clients connect, last
+        say(line)
     return 0
 
 
@@ -341,12 +359,14 @@ def fleet_status(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
 
     from orchestrator.apply.fleet_view import fleet_status as read_status
     from orchestrator.apply.status import status as get_status
+    from orchestrator.planner.endpoints import endpoint_lines
 
     st = read_status(fleet, dict(hosts), status=get_status, command=command_line())
     ok = st["router_answers"] and all(
         r["healthy"] and r["in_router"] is not False for r in st["hosts"])
     if fmt == "json":
-        echo(json.dumps(st, indent=2), raw=True)
+        echo(json.dumps({**st, "endpoints": [e.as_dict() for e in st["endpoints"]]}, indent=2),
+             raw=True)
         return 0 if ok else 1
     say(f"fleet {st['profile']}: router on {st['router_on']}"
         + ("" if st["router_answers"] else " (does not answer its worker API)"))
@@ -362,6 +382,8 @@ def fleet_status(fleet: Any, hosts: Mapping[str, Any], fmt: str) -> int:
         say(f"a rollout or rollback is running now (fleet lock held by {st['in_progress']})")
     if st["last_rollout"]:
         _rollout_lines(st["last_rollout"], "last ")
+    for line in endpoint_lines(st["endpoints"]):  # where clients connect, last
+        say(line)
     return 0 if ok else 1
 
 

@@ -159,10 +159,15 @@ def test_apply_and_rollback_answer_one_json_document(
     h = doc["hosts"]["h"]
     assert doc["ok"] and doc["exit_code"] == 0 and h["status"] == "healthy"
     assert h["release"] == env.current() != r1 and "Endpoints:" in h["message"]
+    router = {"name": "router", "host": None, "url": f"http://{env.host.address}:8000/v1",
+              "exposure": "all", "key": None, "client_facing": True}
+    assert doc["endpoints"][0] == router, doc["endpoints"]  # where clients connect, as data
     assert "preflight" in out.err  # the progress, for humans, on stderr
     assert env.cli("rollback", r1, "--host", "h", "--format", "json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["command"] == "rollback" and doc["hosts"]["h"]["status"] == "healthy"
+    # a rollback ends with the endpoints of the release it went back to, as an apply does
+    assert doc["endpoints"][0] == router and "Endpoints:" in doc["hosts"]["h"]["message"]
     # a failed apply: the same document, its exit code (3: rolled back) and how to recover
     env.fake.write_sim_control(rule("--cuda-graph-max-bs-decode 16", {"never_ready": True}))
     prof3 = env.profile_file(decode_knob(env, 16), "p3.yaml")

@@ -188,13 +188,40 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield Fleet(hosts, tmp)
 
 
-def test_first_rollout_brings_up_the_fleet(fleet: Fleet) -> None:
+def endpoint_lines(fleet: Fleet) -> list[str]:
+    """What a fleet run and `status -p FLEET` end with: the router (every interface, reached at
+    router-1's inventory address) first, then each engine host's engine behind it."""
+    router = fleet.fakes["router-1"].address
+    return ["Endpoints:",
+            f"  http://{router}:8000/v1  (router on router-1; every interface; no API key)",
+            *(f"  http://{fleet.fakes[h].address}:30000/v1  (engine on {h}, behind the router; "
+              "one host address; no API key)" for h in ENGINES)]
+
+
+def test_first_rollout_brings_up_the_fleet(fleet: Fleet, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    capsys.readouterr()
     assert fleet.apply(profile()) == 0
+    out = capsys.readouterr().out
     for h in (*ENGINES, "router-1"):
         assert fleet.current(h) is not None, h
     assert sorted(w["url"] for w in fleet.workers()) == sorted(
         f"http://{fleet.fakes[h].address}:30000" for h in ENGINES)
     assert fleet.chat() == 200
+    # the run ends with where clients connect (before: "Rollout complete" and no endpoint)
+    want = endpoint_lines(fleet)
+    lines = out.rstrip("\n").splitlines()
+    assert lines[-len(want) - 1].startswith("Rollout complete") and lines[-len(want):] == want, \
+        out[-2000:]
+    # and so does the fleet's status, from each host's current release
+    inv = ["-i", str(fleet.inventory)]
+    assert main(["status", "-p", str(fleet.tmp / "profile.yaml"), *inv]) == 0
+    status_out = capsys.readouterr().out
+    assert status_out.rstrip("\n").splitlines()[-len(want):] == want, status_out
+    assert main(["status", "-p", str(fleet.tmp / "profile.yaml"), *inv, "--format", "json"]) == 0
+    eps = json.loads(capsys.readouterr().out)["endpoints"]
+    assert [(e["name"], e["host"], e["exposure"], e["client_facing"]) for e in eps] == [
+        ("router", "router-1", "all", True), *(("engine", h, "host", False) for h in ENGINES)]
 
 
 def test_rolling_update_under_load_drops_nothing(fleet: Fleet,

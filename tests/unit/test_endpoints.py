@@ -5,9 +5,13 @@ listens on loopback unless the profile says otherwise)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from orchestrator.planner.endpoints import endpoint_lines, endpoints
@@ -82,3 +86,118 @@ def test_a_fleet_engine_is_behind_the_router_on_another_host() -> None:
     [e] = endpoints(fleet.plan("gpu-a").deployment, hosts["gpu-a"].address)
     assert f"  {e.line()}" == _fleet_engine("gpu-a", "10.0.1.11")
     assert (e.host, e.client_facing) == ("gpu-a", False)
+
+
+@contextlib.contextmanager
+def _format(fmt: str) -> Iterator[None]:
+    """``--format`` as the CLI sets it (text lines go to stderr under json): the contextvar
+    another test's `main([... "--format", "json"])` may have left set."""
+    from orchestrator.cli.output import FORMAT
+
+    token = FORMAT.set(fmt)
+    try:
+        yield
+    finally:
+        FORMAT.reset(token)
+
+
+def _ended_run(verb: str, fmt: str, capsys: pytest.CaptureFixture[str], *,
+               served: bool = False) -> tuple[int, str]:
+    """The end of a fleet run whose every host moved, as `finish` prints it. ``served``: gpu-b's
+    result carries the endpoints of the release it went to (its engine on another port than the
+    profile's, as a rollback's target may), the other hosts' none (as a host with no changes);
+    else no host's result carries any (each host's from its plan)."""
+    from orchestrator.apply.fleet_ops import FleetOps, targets_of
+    from orchestrator.apply.rollout import HostOutcome, RolloutResult
+    from orchestrator.cli.fleet_cmd import finish
+
+    fleet, hosts = _fleet()
+    t = targets_of(fleet)
+    ops = FleetOps(t, hosts, {p.host: p for p in fleet.plans}, out=lambda _s: None,
+                   command="dsv4ctl apply fleet-3x.yaml")
+    if served:
+        from orchestrator.apply.executor import Result
+
+        [b] = endpoints(fleet.plan("gpu-b").deployment, hosts["gpu-b"].address)
+        ops.results = {"gpu-b": Result("r2", "healthy", "ok", endpoints=[
+            replace(b, url=b.url.replace(":30000", ":30001"))])}
+    result = RolloutResult(waves=[[h] for h in t.moved], outcomes={
+        h: HostOutcome(h, i, "moved") for i, h in enumerate(t.moved)})
+    capsys.readouterr()
+    with _format(fmt):
+        rc = finish(result, ops, "router-1:/srv/dsv4/fleet/fleet-3x/00000001.json",
+                    what="rollout of fleet-3x", verb=verb)
+    return rc, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verb", ["Apply", "Rollback"])
+def test_a_fleet_run_ends_with_the_router_then_every_engine_host(
+        verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _ended_run(verb, "text", capsys)
+    lines = out.rstrip("\n").splitlines()
+    assert rc == 0 and lines[-6].startswith(f"{'Rollout' if verb == 'Apply' else 'Rollback'} "
+                                            "complete"), out
+    assert lines[-5:] == FLEET_LINES, out
+
+
+def test_a_host_the_run_moved_shows_the_release_it_serves(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = _ended_run("Rollback", "text", capsys, served=True)
+    want = [*FLEET_LINES]
+    want[3] = _fleet_engine("gpu-b", "10.0.1.12", 30001)  # not the profile's 30000
+    assert out.rstrip("\n").splitlines()[-5:] == want, out
+
+
+def test_a_fleet_run_json_document_carries_the_endpoints(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    rc, out = _ended_run("Apply", "json", capsys, served=True)
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"]
+    assert [(e["name"], e["host"], e["url"], e["exposure"], e["client_facing"])
+            for e in doc["endpoints"]] == [
+        ("router", "router-1", "http://10.0.1.10:8000/v1", "host", True),
+        ("engine", "gpu-a", "http://10.0.1.11:30000/v1", "host", False),
+        ("engine", "gpu-b", "http://10.0.1.12:30001/v1", "host", False),
+        ("engine", "gpu-c", "http://10.0.1.13:30000/v1", "host", False)]
+
+
+def test_fleet_status_ends_with_every_hosts_endpoints(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`status -p FLEET`: each host's endpoints from its own status (its current release), the
+    router's first; a host whose status failed has none to show. The router's worker API and the
+    fleet lock's host do not answer here (no SSH): the status says so and goes on."""
+    import json
+
+    import orchestrator.apply.status as status_mod
+    import orchestrator.remote.connection as connection
+    from orchestrator.apply.status import StatusReport
+    from orchestrator.cli.fleet_cmd import fleet_status
+    from orchestrator.errors import DsvError, RemoteError
+
+    fleet, hosts = _fleet()
+
+    def status(name: str, host: Any) -> StatusReport:
+        if name == "gpu-c":
+            raise DsvError("host 'gpu-c' cannot be reached")
+        rep = StatusReport(host=name, current="r1", current_status="healthy", locked_by=None)
+        rep.endpoints = endpoints(fleet.plan(name).deployment, host.address)
+        return rep
+
+    def unreachable(name: str, host: Any) -> Any:
+        raise RemoteError(f"host {name!r} cannot be reached")
+
+    monkeypatch.setattr(status_mod, "status", status)
+    monkeypatch.setattr(connection, "connect", unreachable)
+    capsys.readouterr()
+    with _format("text"):
+        assert fleet_status(fleet, hosts, "text") == 1  # the router does not answer
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert lines[-4:] == [*FLEET_LINES[:3], _fleet_engine("gpu-b", "10.0.1.12")], lines
+    with _format("json"):
+        assert fleet_status(fleet, hosts, "json") == 1
+    st = json.loads(capsys.readouterr().out)
+    assert [(e["host"], e["url"]) for e in st["endpoints"]] == [
+        ("router-1", "http://10.0.1.10:8000/v1"), ("gpu-a", "http://10.0.1.11:30000/v1"),
+        ("gpu-b", "http://10.0.1.12:30000/v1")]
