@@ -90,13 +90,14 @@ def checked_profile(plan: Plan, host_name: str, host: Host, *, saved: bool) -> A
 
 
 def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: Out,
-                  command: str, saved: bool, remote: Any) -> Any:
+                  command: str, saved: bool, remote: Any, fleet: tuple[Plan, ...] = ()) -> Any:
     """The prepare phase of one host's apply (:meth:`.executor.Runner.prepare`) over ``remote``
     (the driver's connection to the host), ``profile`` as :func:`checked_profile` gave it: a
     :class:`PreparedApply`, or the apply's Result when it ended there (no changes, or a prepare
     step failed with nothing serving changed). ``saved``: the plan came from a file, so it is
     checked for staleness against freshly probed facts (a plan made seconds ago in-process is
-    not)."""
+    not). ``fleet``: every host's plan of the fleet (the router host's Prometheus rules carry
+    every engine host's GPUs, :func:`orchestrator.monitoring.plan_rules_file`)."""
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
 
@@ -105,7 +106,7 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: 
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
                       now=runner.now, command=command)
-        ctx.plan, ctx.saved_plan = plan, saved
+        ctx.plan, ctx.saved_plan, ctx.fleet_plans = plan, saved, fleet
         ctx.deployment, ctx.profile = plan.deployment, profile
         res = runner.prepare(ctx)
         if res is not None:

@@ -10,7 +10,7 @@ callers should not import from the owner.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -91,6 +91,9 @@ class Context:
     # apply only
     plan: Plan | None = None
     saved_plan: bool = False
+    # every host's plan of the fleet the plan belongs to: the router host's Prometheus scrapes
+    # every engine host's GPUs, and each one's predicted use is its own host's plan's
+    fleet_plans: tuple[Plan, ...] = ()
     tree: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     manifest_sha: dict[str, str] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
@@ -235,8 +238,11 @@ def resolve_secrets(profile: Profile) -> dict[str, str]:
     return out
 
 
-def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, str], str]:
-    """The release tree (files + manifest.json + plan.json), the manifest's hashes and its text.
+def tree_from_plan(plan: Plan, fleet: Sequence[Plan] = ()
+                   ) -> tuple[dict[str, tuple[bytes, int]], dict[str, str], str]:
+    """The release tree (files + manifest.json + plan.json, and the plans' per-GPU memory for
+    Prometheus), the manifest's hashes and its text. ``fleet``: every host's plan of the plan's
+    fleet (what a fleet's router host's Prometheus needs, :func:`plan_rules_file`).
 
     The manifest is the renderer's (:meth:`orchestrator.render.ReleaseTree.manifest`, its one
     writer), built from the plan's files after :func:`release_files` checked each against the
@@ -254,7 +260,7 @@ def tree_from_plan(plan: Plan) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
     tree[PLAN] = (plan.model_dump_json(indent=2).encode() + b"\n", 0o644)
     from orchestrator.monitoring import plan_rules_file
 
-    planned = plan_rules_file(plan)  # the plan's per-GPU memory, for Prometheus (like plan.json)
+    planned = plan_rules_file(plan, fleet)  # the plans' per-GPU memory (like plan.json)
     if planned is not None:
         tree[planned[0]] = (planned[1].encode(), 0o644)
     return tree, hashes, manifest_text

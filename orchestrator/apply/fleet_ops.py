@@ -195,7 +195,8 @@ class FleetOps:
         # connected here at the latest: an unreachable host stops the run before any switch
         res = prepare_apply(self.plans[host], host, self.hosts[host],
                             profile=self.profiles[host], out=self.say(host),
-                            command=self.command, saved=self.saved, remote=self.remote(host))
+                            command=self.command, saved=self.saved, remote=self.remote(host),
+                            fleet=tuple(self.plans[h] for h in sorted(self.plans)))
         if isinstance(res, PreparedApply):
             with self._lock:
                 self.prepared[host] = res

@@ -170,7 +170,7 @@ def preflight(ctx: Context, step: Any) -> Outcome:
                        + "; ".join(c.id for c in plan.errors),
                        fix="fix the profile (see `dsv4ctl plan`); nothing was changed")
     ctx.secrets = resolve_secrets(ctx.profile)
-    ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan)
+    ctx.tree, ctx.manifest_sha, _ = tree_from_plan(plan, ctx.fleet_plans)
     ctx.target_files = release_from_manifest(json.loads(ctx.tree[MANIFEST][0]))
     # the lock first (issue 20 #9): a concurrent run must be told "locked" (exit 5), not that
     # the plan it holds went stale because the other run is changing the host. Everything read

@@ -69,12 +69,17 @@ def _hostport(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
 
 
+def scrapes_fleet(dep: Deployment) -> bool:
+    """Whether this host's Prometheus scrapes the whole fleet: the host that runs a fleet's
+    router does (so one Prometheus there sees every host: what canary analysis compares)."""
+    return dep.router is not None and dep.fleet
+
+
 def engine_targets(dep: Deployment) -> list[tuple[str, str]]:
-    """(role, host:port) of every engine this host's Prometheus scrapes. The host that runs a
-    fleet's router scrapes the whole fleet, at the addresses the router reaches the engines at
-    (so one Prometheus there sees every host: what canary analysis compares); any other host
-    scrapes its own roles."""
-    if dep.router is not None and dep.fleet:
+    """(role, host:port) of every engine this host's Prometheus scrapes: on the host that
+    :func:`scrapes_fleet`, the fleet's, at the addresses the router reaches the engines at; on
+    any other host its own roles."""
+    if scrapes_fleet(dep):
         r = dep.router
         return ([("prefill", _hostport(u)) for u, _ in r.prefill]
                 + [("decode", _hostport(u)) for u in r.decode]
@@ -507,15 +512,17 @@ def gpu_alerts(profile: Profile, dep: Deployment, late: int) -> list[Alert]:
     ]
 
 
-def plan_rules(dep: Deployment, gpu_bytes: list[tuple[int, str, int]], instance: str) -> str:
+def plan_rules(dep: Deployment, gpu_bytes: list[tuple[str, int, str, int]]) -> str:
     """``plan.rules.yml``: the plan's predicted framebuffer use of every GPU, as one recording
     rule per GPU (``dsv4:gpu_fb_planned_bytes{deployment, instance, gpu, role}``, ``instance``
     the GPU exporter's scrape target), so the board and DSV4GPUMemoryAbovePlan put the prediction
-    beside dcgm-exporter's measurement. ``gpu_bytes`` is (index, role, bytes)."""
+    beside dcgm-exporter's measurement. ``gpu_bytes`` is (instance, index, role, bytes): one
+    exporter on a single host, every engine host's on a fleet's router host. Sorted, so the
+    same plans give the same bytes."""
     rules = [
         {"record": PLANNED_FB, "expr": f"vector({int(n)})",
          "labels": {"deployment": dep.name, "instance": instance, "gpu": str(idx), "role": role}}
-        for idx, role, n in sorted(gpu_bytes)
+        for instance, idx, role, n in sorted(gpu_bytes)
     ]
     return yaml_text({"groups": [{"name": f"dsv4-{dep.name}-plan", "rules": rules}]})
 

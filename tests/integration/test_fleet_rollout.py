@@ -222,6 +222,19 @@ def test_first_rollout_brings_up_the_fleet(fleet: Fleet, capsys: pytest.CaptureF
     eps = json.loads(capsys.readouterr().out)["endpoints"]
     assert [(e["name"], e["host"], e["exposure"], e["client_facing"]) for e in eps] == [
         ("router", "router-1", "all", True), *(("engine", h, "host", False) for h in ENGINES)]
+    # the router host's Prometheus scrapes every engine host's GPUs: the apply wrote it the
+    # plan rules of each, as each engine host's own release has them (its exporter as instance)
+    def planned(host: str) -> list[tuple[str, str, str]]:
+        text = fleet.fakes[host].read(f"{ROOT}/releases/{fleet.current(host)}/monitoring/"
+                                      "plan.rules.yml")
+        return sorted((r["labels"]["instance"], r["labels"]["gpu"], r["expr"])
+                      for r in yaml.safe_load(text)["groups"][0]["rules"])
+
+    own = {h: planned(h) for h in ENGINES}
+    assert {h: {i for i, _, _ in rows} for h, rows in own.items()} == {
+        h: {f"{fleet.fakes[h].address}:9400"} for h in ENGINES}
+    assert planned("router-1") == sorted(r for rows in own.values() for r in rows)
+    assert len(planned("router-1")) == 3 * 8
 
 
 def test_rolling_update_under_load_drops_nothing(fleet: Fleet,

@@ -319,6 +319,56 @@ def test_plan_rules_carry_the_plans_per_gpu_prediction() -> None:
     assert {r["labels"]["instance"] for r in rules} == {"127.0.0.1:9400"}
 
 
+def _rules(text: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load(text)["groups"][0]["rules"])
+
+
+def test_fleet_router_host_gets_every_engine_hosts_plan_rules() -> None:
+    """The router host's Prometheus scrapes every engine host's GPU exporter: its plan rules are
+    each engine host's own (the numbers of that host's plan, its exporter as ``instance``), one
+    rule per GPU of the fleet; the same plans in any order give the same bytes."""
+    from orchestrator.monitoring import plan_rules_file
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    fp = plan_fleet(load_fleet(data_dir("profiles") / "fleet-3x.yaml",
+                               data_dir("profiles") / "inventory.yaml"))
+    router = fp.plan("router-1")
+    assert not router.gpus  # a host of its own: sizes no GPU
+    assert plan_rules_file(router) is None  # no fleet given: none, never a part of them
+    path, text = plan_rules_file(router, fp.plans) or ("", "")
+    assert path == "monitoring/plan.rules.yml"
+    own = {h: plan_rules_file(fp.plan(h)) for h in fp.hosts}
+    want = sorted((r["labels"]["instance"], int(r["labels"]["gpu"]), r["expr"])
+                  for h in fp.hosts for r in _rules((own[h] or ("", ""))[1]))
+    got = sorted((r["labels"]["instance"], int(r["labels"]["gpu"]), r["expr"])
+                 for r in _rules(text))
+    assert got == want and len(got) == 3 * 8
+    cfg = yaml.safe_load(next(f.content for f in router.files
+                              if f.path == "monitoring/prometheus.yml"))
+    scraped = [t for j in cfg["scrape_configs"] if j["job_name"].endswith("-gpu")
+               for c in j["static_configs"] for t in c["targets"]]
+    assert {i for i, _, _ in got} == set(scraped) == {"10.0.1.11:9400", "10.0.1.12:9400",
+                                                       "10.0.1.13:9400"}
+    assert {r["labels"]["deployment"] for r in _rules(text)} == {router.deployment.name}
+    assert plan_rules_file(router, list(reversed(fp.plans))) == (path, text)
+    # an engine host scrapes its own exporter only: the fleet's plans change nothing there
+    assert plan_rules_file(fp.plan("gpu-b"), fp.plans) == own["gpu-b"]
+
+
+def test_fleet_plan_rules_refuse_a_host_the_router_does_not_scrape() -> None:
+    from orchestrator.monitoring import plan_rules_file
+    from orchestrator.planner.fleet import load_fleet, plan_fleet
+
+    fp = plan_fleet(load_fleet(data_dir("profiles") / "fleet-3x.yaml",
+                               data_dir("profiles") / "inventory.yaml"))
+    b = fp.plan("gpu-b")
+    moved = b.model_copy(update={"deployment": b.deployment.model_copy(update={"roles": tuple(
+        r.model_copy(update={"listen": "10.9.9.9"}) for r in b.deployment.roles)})})
+    with pytest.raises(RenderError, match=r"host 'gpu-b': its engine listens on 10\.9\.9\.9"):
+        plan_rules_file(fp.plan("router-1"), [p if p.host != "gpu-b" else moved
+                                              for p in fp.plans])
+
+
 def _subset_missing(ours: Any, theirs: Any, where: str = "") -> list[str]:
     """Paths of values in ``ours`` that ``theirs`` lacks or holds differently."""
     if isinstance(ours, dict):
