@@ -103,8 +103,7 @@ def write_monitoring(mon: Path, files: dict[str, str], where: dict[str, str]) ->
     return cfg
 
 
-def check_surface(prom: Prometheus, mon: Path, deployment: str, n_targets: int,
-                  unplanned: bool = False) -> None:
+def check_surface(prom: Prometheus, mon: Path, deployment: str, n_targets: int) -> None:
     """Every target up, every name live, every panel a number; then the planted mistakes."""
     def all_up() -> bool:
         active = prom.api("targets", state="active")["activeTargets"]
@@ -114,35 +113,26 @@ def check_surface(prom: Prometheus, mon: Path, deployment: str, n_targets: int,
     rules = yaml.safe_load((mon / "rules.yml").read_text())
     board = json.loads((mon / "grafana-dashboard.json").read_text())
     exprs = rule_exprs(rules) + [e for _, e in panel_exprs(board)]
-    if unplanned:  # see test_fleet_surface: no plan rules on a fleet's router host
-        exprs = [e for e in exprs if PLANNED_FB not in e]
     prom.settle("every metric name of the rules and the board live",
                 lambda: dead_names(prom, exprs, deployment), 60)
-
-    def panels() -> list[str]:
-        empty = empty_panels(prom, board)
-        return [p for p in empty if not (unplanned and PLANNED_FB in p)]
-
-    prom.settle("every panel's query returns a number", panels, 60)
+    prom.settle("every panel's query returns a number", lambda: empty_panels(prom, board), 60)
 
     # planted wrong names: a typo, and a name in our table that no live target exports
     bad_rules = copy.deepcopy(rules)
     rec = next(r for r in bad_rules["groups"][0]["rules"] if r.get("record") ==
                "dsv4:queue_reqs:sum")
     rec["expr"] = rec["expr"].replace("sglang:num_queue_reqs", "sglang:num_queue_requests")
-    def dead(exprs: list[str]) -> set[str]:
-        return {n for n in dead_names(prom, exprs, deployment) if not (unplanned and n == PLANNED_FB)}
-
-    assert dead(rule_exprs(bad_rules)) == {"sglang:num_queue_requests"}
+    assert set(dead_names(prom, rule_exprs(bad_rules), deployment)) == {
+        "sglang:num_queue_requests"}
     bad_board = copy.deepcopy(board)
     power = next(p for p in bad_board["panels"] if p.get("title") == "Power draw")
     power["targets"][0]["expr"] = power["targets"][0]["expr"].replace(
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_DRAW")
     running = next(p for p in bad_board["panels"] if p.get("title") == "Running requests")
     running["targets"][0]["expr"] = f'sum(smg_router_request_errors_total{{deployment="{deployment}"}})'
-    empty = [p for p in empty_panels(prom, bad_board) if not (unplanned and PLANNED_FB in p)]
+    empty = empty_panels(prom, bad_board)
     assert sorted(p.split(":")[0] for p in empty) == ["Power draw", "Running requests"], empty
-    assert dead([e for _, e in panel_exprs(bad_board)]) == {
+    assert set(dead_names(prom, [e for _, e in panel_exprs(bad_board)], deployment)) == {
         "DCGM_FI_DEV_POWER_DRAW", "smg_router_request_errors_total"}
 
 
@@ -239,18 +229,22 @@ def test_pd_deployment_surface(tmp_path: Path) -> None:
 def test_fleet_surface(tmp_path: Path) -> None:
     """Three colocated hosts behind the real router; the router host's release scrapes all.
 
-    The fleet's router host sizes no GPU, so its release has no plan rules: the board's
-    "planned" queries stay empty there (asserted, so this flips when fleets get them)."""
-    from orchestrator.monitoring import release_files
-    from orchestrator.planner.build import resolve_deployment
-    from orchestrator.planner.fleet import fleet_context
+    The fleet's router host sizes no GPU of its own: its plan rules (as apply writes them there,
+    from the fleet's plans) carry every engine host's, so the board's "planned" queries return
+    each engine host's GPUs there too."""
+    from orchestrator.planner.fleet import fleet_context, plan_fleet
 
     profile, text = live_profile("fleet-3x.yaml", "livefleet")
     fctx = fleet_context(profile, text, None, data_dir("profiles") / "inventory.yaml")
-    deps = {n: resolve_deployment(fctx.context(n, h)) for n, h in fctx.all_hosts}
-    rhost = next(d for d in deps.values() if d.router is not None)
-    assert not rhost.roles and rhost.router is not None
-    files = release_files(profile, rhost)
+    fleet = plan_fleet(fctx)
+    rplan = next(p for p in fleet.plans if p.deployment.router is not None)
+    rhost = rplan.deployment
+    assert not rhost.roles and rhost.router is not None and not rplan.gpus
+    files = {f.path.removeprefix("monitoring/"): f.content for f in rplan.files
+             if f.path.startswith("monitoring/") and f.content is not None}
+    planned = plan_rules_file(rplan, fleet.plans)
+    assert planned is not None
+    files[planned[0].removeprefix("monitoring/")] = planned[1]
     rendered = yaml.safe_load(files["prometheus.yml"])
     engines = [t for j in rendered["scrape_configs"] if j["job_name"].endswith("-engine")
                for c in j["static_configs"] for t in c["targets"]]
@@ -278,9 +272,18 @@ def test_fleet_surface(tmp_path: Path) -> None:
         load = Load(router)
         started = time.time()
         prom = Prometheus(mon, tmp_path)
-        check_surface(prom, mon, rhost.name, n_targets=7, unplanned=True)
-        board = json.loads(files["grafana-dashboard.json"])
-        assert all(not prom.query(e) for _, e in panel_exprs(board) if PLANNED_FB in e)
+        check_surface(prom, mon, rhost.name, n_targets=7)
+        # the prediction of every engine host's every GPU, beside its exporter's measurement
+        want = {(f"{p.deployment.roles[0].listen}:{profile.monitoring.gpu_exporter_port}",
+                 str(g.index)) for p in fleet.plans for g in p.gpus if g.role}
+        assert len(want) == 3 * 8 and {t for t, _ in want} == set(gpu_targets)
+        got = {(r["metric"]["instance"], r["metric"]["gpu"])
+               for r in prom.query(f'{PLANNED_FB}{{deployment="{rhost.name}"}}')}
+        assert got == want
+        sel = f'{{deployment="{rhost.name}"}}'
+        used = (f"dsv4:gpu_fb_used_bytes{sel} / on (deployment, instance, gpu) "
+                f"group_left (role) {PLANNED_FB}{sel}")
+        assert {(r["metric"]["instance"], r["metric"]["gpu"]) for r in prom.query(used)} == want
 
         killed = time.time()
         sims.kill(urls[0])
