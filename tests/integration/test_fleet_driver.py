@@ -9,8 +9,13 @@ the router's own, the engine simulator behind each engine and the real sglang-ro
 - `unlock -p FLEET` shows the fleet lock's holder; `--force` frees it.
 - Fleet runs are ordered by their sequence number, never by a clock: a controller a day behind
   or a host's file times a day ahead do not reorder `history` or `status`.
+- A fleet rollback killed mid-health resumes from the fleet journal: every host ends on the killed
+  run's target and back in the router.
 - A host that became unreachable mid-run: the record kept on the controller carries the final
   status and the real error, and the next run puts it back on the host.
+
+The runs of issue 30 point 5 (the last three) run under a load loop through the router, and no
+request fails.
 
 One cluster for the module; the tests run in order and build on each other.
 """
@@ -166,6 +171,7 @@ def test_runs_are_ordered_by_sequence_not_by_a_clock(fleet: Fleet, monkeypatch: 
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The controller's clock a day behind for one run, then the host's file times a day ahead
     for an older journal: `history` and `status` still show the runs in the order they ran.
+    The run with the clock behind is under a load loop: no request fails.
     Before: journals were named after the controller's clock (history sorted by name) and
     status took the newest file time on the host (`ls -t`)."""
     import orchestrator.apply.fleet_ops as fleet_ops
@@ -177,8 +183,14 @@ def test_runs_are_ordered_by_sequence_not_by_a_clock(fleet: Fleet, monkeypatch: 
     monkeypatch.setattr(fleet_ops, "time", behind)
     path = fleet.tmp / "profile-v5.yaml"
     path.write_text(yaml.safe_dump(profile(cuda_graph_max_bs=20)))
-    assert cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes") == 0
+    with Load(fleet) as load:  # the run behind the router that serves meanwhile
+        time.sleep(0.5)
+        rc = cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes")
+        time.sleep(0.5)
     monkeypatch.undo()
+    assert rc == 0
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert load.ok > 0
     newest = fleet.journals()[-1]
     assert newest["selected"] == ["gpu-c"]
     # an older journal's file time a day ahead (a host clock that ran fast when it was written)
@@ -200,8 +212,11 @@ def test_a_killed_fleet_rollback_resumes_from_the_fleet_journal(
     """`rollback -p FLEET` SIGKILLed while the canary waits for health (it was drained, switched
     to its target, its record says rollback:health running), then the same command again under
     a load loop: it resumes from the fleet's journal, every host ends on its target and back in
-    the router, no request fails. Before: the re-run exited 1 with "no previous release on host
-    'gpu-a'" (its current was already the target) and left gpu-a out of the router."""
+    the router, no request fails. Before: the re-run started a new rollback from each host's
+    current, so gpu-a (already on its target) exited 1 with "no previous release on host 'gpu-a'"
+    and stayed out of the router, or, with an older release left, was rolled past its target
+    while its target's record kept rollback:health at running (exit 0: hence the hosts are
+    checked before the journal)."""
     import signal
     import subprocess
     import sys
@@ -256,17 +271,23 @@ def test_a_killed_fleet_rollback_resumes_from_the_fleet_journal(
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
     assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    # what the hosts say first, then the journal: a re-run that starts a new rollback instead of
+    # resuming exits 0 too when gpu-a has an older release, and takes gpu-a past its target
+    after = {h: fleet.current(h) for h in EVERY}
+    assert after["gpu-a"] == target, (after, before)  # kept on the killed run's target
+    assert all(after[h] != before[h] for h in ENGINES), (after, before)
+    rec = fleet.record("gpu-a", target)
+    steps = [e for e in rec["journal"] if e["step"] == "rollback:health"]
+    assert [e["result"] for e in steps] == ["interrupted", "ok"], steps
+    assert rec["status"] == "healthy"
+    workers = fleet.workers()
+    assert len(workers) == 3 and all(w["is_healthy"] for w in workers)
     assert f"resuming rollback {journal['sequence']}" in out
     done = fleet.journals()[-1]
     assert done["state"] == "finished" and done["exit_code"] == 0
     assert done["resumes"] == journal["sequence"]
     assert done["targets"] == journal["targets"]
-    assert {h: fleet.current(h) for h in EVERY} == journal["targets"]
-    assert fleet.record("gpu-a", target)["status"] == "healthy"
-    steps = [e for e in fleet.record("gpu-a", target)["journal"] if e["step"] == "rollback:health"]
-    assert [e["result"] for e in steps] == ["interrupted", "ok"], steps
-    workers = fleet.workers()
-    assert len(workers) == 3 and all(w["is_healthy"] for w in workers)
+    assert after == journal["targets"]
 
 
 def test_a_host_lost_mid_run_has_its_real_error_put_back(fleet: Fleet,
@@ -275,7 +296,8 @@ def test_a_host_lost_mid_run_has_its_real_error_put_back(fleet: Fleet,
     """gpu-c's sshd and engine die while its apply waits for health. The record dsv4ctl keeps
     on the controller says what happened (not "applying"); once gpu-c is back, the next run puts
     it on the host, and the host tells the real error instead of "the run doing this step was
-    lost"."""
+    lost". Both runs are under a load loop through the router: gpu-c was drained before its
+    switch, so its death drops nothing, and putting it back drops nothing either."""
     victim = fleet.fakes["gpu-c"]
     victim.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}, "rules": [
         {"match": {"argv_contains": ["--cuda-graph-max-bs-decode 56"]},
@@ -295,9 +317,13 @@ def test_a_host_lost_mid_run_has_its_real_error_put_back(fleet: Fleet,
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    rc = cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes")
-    t.join(timeout=5)
+    with Load(fleet) as load:  # gpu-c was drained before its switch: its death drops nothing
+        rc = cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes")
+        t.join(timeout=5)
+        time.sleep(0.5)
     assert rc != 0
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert load.ok > 0
     new = sorted(set(victim.exec(f"ls -1 {ROOT}/releases").stdout.split()) - known)
     assert len(new) == 1, new
     rel = new[0]
@@ -313,9 +339,14 @@ def test_a_host_lost_mid_run_has_its_real_error_put_back(fleet: Fleet,
     victim.write_sim_control({"by_mode": {"unified": {"ttft_s": 0.3}}})
     victim._sshd_up()
     capsys.readouterr()
-    rc = cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes")
+    with Load(fleet) as load:
+        time.sleep(0.5)
+        rc = cli(fleet, "apply", str(path), "--host", "gpu-c", "--yes")
+        time.sleep(0.5)
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
+    assert load.failed == [], f"{len(load.failed)} failed requests: {load.failed[:10]}"
+    assert load.ok > 0
     rec = fleet.record("gpu-c", rel)
     assert rec["status"] == "interrupted"
     steps = {e["step"]: e for e in rec["journal"]}
