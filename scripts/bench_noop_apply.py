@@ -27,17 +27,27 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 # dsv4ctl with its SSH connections and commands (each a round trip) counted, printed at exit
 COUNTED = """
-import atexit, sys
+import atexit, sys, time
 from orchestrator.remote import connection as c
 n = {"connect": 0, "command": 0}
+trace = []
 def counted(orig, key):
     def call(self, *a, **k):
         n[key] += 1
-        return orig(self, *a, **k)
+        t0 = time.perf_counter()
+        try:
+            return orig(self, *a, **k)
+        finally:
+            what = " ".join(str(a[0]).split())[:90] if a else key
+            trace.append(f"{time.perf_counter() - t0:7.3f}  {key:<8} {what}")
     return call
 for name, key in (("connect", "connect"), ("run", "command"), ("open_process", "command")):
     setattr(c.RemoteHost, name, counted(getattr(c.RemoteHost, name), key))
-atexit.register(lambda: print("@@round-trips", n["connect"], n["command"], file=sys.stderr))
+def report():
+    for line in trace:
+        print("@@trace", line, file=sys.stderr)
+    print("@@round-trips", n["connect"], n["command"], file=sys.stderr)
+atexit.register(report)
 from orchestrator.cli import entrypoint
 entrypoint()
 """
@@ -46,6 +56,11 @@ entrypoint()
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7, help="timed no-change applies per mode (>= 5)")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each SSH connection and command of the counted run, with its time")
+    ap.add_argument("--profile", metavar="DIR", type=Path,
+                    help="also run one apply of each mode under cProfile: DIR/<mode>.prof, and the "
+                         "top functions by cumulative time printed (where the time goes)")
     args = ap.parse_args()
     if args.runs < 5:
         ap.error("--runs must be at least 5 (the table reports a median)")
@@ -78,8 +93,13 @@ def main() -> int:
         env.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=str(Path(tmp) / "pycache"))
         dsv4ctl = [sys.executable, "-c", "from orchestrator.cli import entrypoint; entrypoint()"]
 
-        def run(*argv: str, counted: bool = False) -> tuple[float, str]:
+        def run(*argv: str, counted: bool = False, profile: Path | None = None
+                ) -> tuple[float, str]:
             cmd = [sys.executable, "-c", COUNTED] if counted else dsv4ctl
+            if profile is not None:
+                main = Path(tmp) / "dsv4ctl_main.py"  # cProfile runs a file, not -c
+                main.write_text(dsv4ctl[2] + "\n")
+                cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), str(main)]
             t0 = time.perf_counter()
             p = subprocess.run([*cmd, *argv, "-i", str(inventory)], env=env, cwd=REPO,
                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -92,6 +112,8 @@ def main() -> int:
         run("apply", str(profile), "--yes")  # the first release
         run("plan", str(profile), "--host", "h", "--live", "-o", str(plan))
         rows = []
+        profiles: list[tuple[str, Path]] = []
+        traces: list[tuple[str, list[str]]] = []
         for label, argv in (("apply PROFILE", ("apply", str(profile), "--yes")),
                             ("apply PLAN.json", ("apply", str(plan), "--yes"))):
             times = []
@@ -101,7 +123,14 @@ def main() -> int:
                     raise SystemExit(f"expected a no-change apply, got:\n{out}")
                 times.append(dt)
             _, out = run(*argv, counted=True)
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                prof = args.profile / (label.split()[1].replace(".", "_").lower() + ".prof")
+                run(*argv, profile=prof)
+                profiles.append((label, prof))
             trips = out.rsplit("@@round-trips", 1)[1].split()
+            traces.append((label, [ln.split("@@trace ", 1)[1] for ln in out.splitlines()
+                                   if ln.startswith("@@trace ")]))
             rows.append((label, times, f"{trips[0]} + {trips[1]}"))
         t0 = time.perf_counter()
         subprocess.run([*dsv4ctl, "--help"], env=env, cwd=REPO, capture_output=True, check=True)
@@ -114,6 +143,15 @@ def main() -> int:
         print(f"{label:<18} {statistics.median(times):7.3f} {min(times):7.3f} {max(times):7.3f}  "
               f"{trips}")
     print(f"{'(dsv4ctl --help)':<18} {startup:7.3f}   process start-up and imports alone")
+    if args.trace:
+        for label, lines in traces:
+            print(f"\n{label}: each round trip of the counted run (seconds, what ran)")
+            print("\n".join(lines))
+    for label, prof in profiles:
+        import pstats
+
+        print(f"\n{label}: top 30 by cumulative time ({prof})")
+        pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(30)
     return 0
 
 

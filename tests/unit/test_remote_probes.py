@@ -190,3 +190,20 @@ def test_batched_probe_gives_each_command_its_own_result() -> None:
         assert (r.rc, r.stdout, r.stderr) == (alone.returncode, alone.stdout, alone.stderr), c
     with pytest.raises(RemoteError, match="no result for 1 of"):
         P.parse_batch(got, [*commands, "echo never"], token)
+
+
+def test_batched_probe_refuses_an_output_past_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is read from one `wc -c` of every output after the batch (not a `wc` per
+    command): a command that prints past it is refused by name, the others within it pass."""
+    import subprocess
+
+    monkeypatch.setattr(P, "BATCH_MAX_OUTPUT", 10)
+    token = "@@dsv4-0123456789abcdef"
+    small, big = "printf 0123456789", "printf %s 0123456789x"
+    got = subprocess.run(["sh", "-c", P.batch_command([small], token)], capture_output=True,
+                         text=True, check=True).stdout
+    assert P.parse_batch(got, [small], token)[small].stdout == "0123456789"
+    got = subprocess.run(["sh", "-c", P.batch_command([small, big], token)],
+                         capture_output=True, text=True, check=True).stdout
+    with pytest.raises(RemoteError, match=r"cut it there and stopped: 'printf %s 0123456789x'"):
+        P.parse_batch(got, [small, big], token)
