@@ -108,29 +108,45 @@ def _saved_run(path: Path, inventory: Path | None, selector: str | None) -> Run:
                profile_from_plan(fleet.plans[0]), True, fleet=fleet)
 
 
-def planned_run(path: Path, inventory: Path | None, selector: str | None) -> Run:
-    """The run of `dsv4ctl apply SOURCE [--host NAME]`: a saved plan as saved, or the profile
-    planned now against the live hosts the run touches (each probed over the connection the
-    run then uses), the plan shown as `plan` shows it."""
-    from orchestrator.planner.fleet import load_fleet, plan_fleet, probe_fleet
+def profile_targets(path: Path, inventory: Path | None, selector: str | None
+                    ) -> tuple[Any, Targets]:
+    """(FleetContext, targets) of a profile and ``--host``, decided with no connection: a fleet's
+    members (narrowed by --host), or a one-host profile on the host --host names (a group: the
+    profile on it). The one rule of which deployment an apply acts on; the suite's check that
+    a printed command acts on its run's deployment asks it too (tests/printed_commands.py)."""
+    from orchestrator.planner.fleet import load_fleet
     from orchestrator.planner.targets import one_host, resolve_targets
 
-    if is_plan_file(path):
-        return _saved_run(path, inventory, selector)
     fctx = load_fleet(path, inventory)
     if fctx.profile.hosts is None and selector is not None:
-        # one host's profile: --host names the host it goes to (a group: the profile on it)
         fctx = load_fleet(path, inventory, host_override=selector)
         selector = None
     if fctx.is_fleet:
         names = [n for n, _ in fctx.hosts]
         own = fctx.router_host[0] if fctx.router_host else None
-        targets = resolve_targets(fctx.profile.name, names, fctx.placement.router_on, own,
-                                  selector=selector, groups=_groups(fctx.inventory_path))
-    else:
-        name = fctx.hosts[0][0]
-        targets = one_host(name, fctx.profile.name,
-                           router=fctx.placement.router_on is not None)
+        return fctx, resolve_targets(fctx.profile.name, names, fctx.placement.router_on, own,
+                                     selector=selector, groups=_groups(fctx.inventory_path))
+    return fctx, one_host(fctx.hosts[0][0], fctx.profile.name,
+                          router=fctx.placement.router_on is not None)
+
+
+def source_targets(source: Path, inventory: Path | None, selector: str | None) -> Targets:
+    """The targets of `dsv4ctl apply SOURCE [--host NAME]` with no connection: a saved plan's
+    (:func:`_saved_run`) or a profile's (:func:`profile_targets`)."""
+    if is_plan_file(source):
+        return _saved_run(source, inventory, selector).targets
+    return profile_targets(source, inventory, selector)[1]
+
+
+def planned_run(path: Path, inventory: Path | None, selector: str | None) -> Run:
+    """The run of `dsv4ctl apply SOURCE [--host NAME]`: a saved plan as saved, or the profile
+    planned now against the live hosts the run touches (each probed over the connection the
+    run then uses), the plan shown as `plan` shows it."""
+    from orchestrator.planner.fleet import plan_fleet, probe_fleet
+
+    if is_plan_file(path):
+        return _saved_run(path, inventory, selector)
+    fctx, targets = profile_targets(path, inventory, selector)
     hosts = dict(fctx.all_hosts)
     # the hosts this run reaches: the moved ones, the router's (to drain through it) and the
     # fleet lock's; each probe's connection is kept for the run
