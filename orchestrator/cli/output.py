@@ -120,8 +120,10 @@ def _fold_keeping_commands(line: str, cols: int) -> list[str]:
 def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool = False,
          wrap: bool = True) -> None:
     """Print ``message``: folded to the width and coloured on a terminal, unless ``raw``.
-    ``wrap=False``: coloured on a terminal but never folded (a unified diff must still apply as
-    a patch; only prose is fitted to the terminal)."""
+    ``wrap=False``: verbatim text (a file's diff), coloured on a terminal but never folded nor
+    completed (a unified diff must still apply as a patch: a file line naming `dsv4ctl render`
+    is the file's, not a command of this run); only prose is fitted to the terminal and has its
+    printed commands completed with the run's -p, -i and --host."""
     text = "" if message is None else str(message)
     if raw:
         # escaped before click sees it: click strips escape sequences from what goes to a pipe,
@@ -130,7 +132,8 @@ def echo(message: object = "", *, nl: bool = True, err: bool = False, raw: bool 
         return
     from orchestrator.cli.rerun import complete
 
-    text = complete(text)  # a printed command carries this run's -p, -i and --host
+    if wrap:
+        text = complete(text)  # a printed command carries this run's -p, -i and --host
     # with --format json, stdout is the JSON document alone: every line for humans (progress,
     # the plan shown before a prompt) goes to stderr
     err = err or FORMAT.get() == "json"

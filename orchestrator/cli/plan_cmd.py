@@ -22,7 +22,7 @@ from orchestrator.cli.options import (
     profile_option,
 )
 from orchestrator.cli.output import echo, echo_blocks, format_option, table
-from orchestrator.cli.rerun import Target
+from orchestrator.cli.rerun import Target, complete_checks, complete_plan
 from orchestrator.errors import ExitCode
 
 
@@ -56,7 +56,7 @@ def validate(profile: Path | None, inventory: Path | None, verbose: bool, fmt: s
     errors = [c for c in checks if c.severity == "error" and not c.acknowledged]
     if fmt == "json":
         echo(json.dumps({"ok": not errors, "profile": str(path), "name": p.name,
-                         "checks": [c.model_dump(mode="json") for c in checks]},
+                         "checks": [c.model_dump(mode="json") for c in complete_checks(checks)]},
                         indent=2, sort_keys=True), raw=True)
         return int(ExitCode.ERROR) if errors else 0
     shown = [c for c in checks if verbose or c.severity != "info"]
@@ -156,6 +156,8 @@ def plan(profile: Path | None, inventory: Path | None, host_name: str | None, li
     saved = None
     if out is not None:
         saved = _save(result, out, Target(profile, inventory, host_name))
+    if fmt != "text":  # a document prints raw: its fixes' commands carry this run's target too
+        result = complete_plan(result)
     if fmt == "json":
         echo(render_fleet_json(result), nl=False, raw=True)
     elif fmt == "markdown":  # a document: never folded to the terminal

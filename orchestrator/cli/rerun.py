@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -136,3 +137,17 @@ def complete(text: str, target: Target | None = None,
         return f"dsv4ctl {verb} {' '.join(shlex.quote(a) for a in add)}{rest}"
 
     return _COMMAND.sub(fill, text)
+
+
+def complete_checks(checks: Any) -> list[Any]:
+    """``checks`` with each fix completed as :func:`complete` completes a printed line: a JSON or
+    markdown document prints them raw (byte for byte), so the document completes them here."""
+    return [c.model_copy(update={"fix": complete(c.fix)}) if c.fix else c for c in checks]
+
+
+def complete_plan(fp: Any) -> Any:
+    """A fleet plan (:class:`orchestrator.planner_model.FleetPlan`) whose checks' fixes, its own
+    and every host's, are completed (:func:`complete_checks`), for the documents plan prints."""
+    return fp.model_copy(update={
+        "checks": complete_checks(fp.checks),
+        "plans": [p.model_copy(update={"checks": complete_checks(p.checks)}) for p in fp.plans]})

@@ -333,7 +333,7 @@ def secrets_checks(dep: Deployment) -> list[Check]:
         "changed value does not show here; apply compares them with the host's active secrets "
         "(by digest, on the host) and, when they differ, restarts every running role at the "
         "switch and says so before it changes anything",
-        "to review a rotation, run `dsv4ctl apply PROFILE` without --yes: it lists the restarts "
+        "to review a rotation, run `dsv4ctl apply` without --yes: it lists the restarts "
         "before asking",
         subject="secrets")]
 

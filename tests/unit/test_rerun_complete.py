@@ -6,6 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from orchestrator.cli import _options
 from orchestrator.cli.output import _fold_keeping_commands
 from orchestrator.cli.rerun import Target, complete
@@ -58,3 +60,53 @@ def test_a_lock_holders_command_is_shown_as_it_was_run() -> None:
     out = complete(text, T, _options())
     assert 'running: "dsv4ctl apply other-plan.json"' in out
     assert "`dsv4ctl unlock -p '/p/my profile.yaml' -i /p/inv.yaml --force --host box`" in out
+
+
+def _profiles(tmp_path: Path) -> tuple[Path, Path, Path]:
+    import shutil
+
+    import yaml
+
+    from tests.validate.helpers import INVENTORY, PROFILES
+
+    inv = tmp_path / "hosts.yaml"
+    shutil.copy(INVENTORY, inv)
+    data = yaml.safe_load((PROFILES / "mxfp4-tp8.yaml").read_text())
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(data, sort_keys=False))
+    data["name"] = "renamed"
+    data["secrets"] = {"HF_TOKEN": {"env": "DSV4_TEST_HF_TOKEN"}}
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(data, sort_keys=False))
+    return old, new, inv
+
+
+def test_a_file_diff_shows_the_files_lines_not_completed_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A unified diff is the files' text: a rendered file's header naming `dsv4ctl render` got
+    this run's -i inserted, so the diff no longer showed (nor applied as) the real file."""
+    from orchestrator.cli import main
+
+    old, new, inv = _profiles(tmp_path)
+    assert main(["diff", str(old), str(new), "-i", str(inv), "-v"]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith(("-# Generated",
+                                                                     "+# Generated"))]
+    assert headers and all(line.endswith("`dsv4ctl render` rewrites it.") for line in headers)
+
+
+def test_a_plans_documents_complete_their_fixes(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --format json prints the checks raw: a fix's command named `apply PROFILE` (a
+    placeholder for the profile the run had) and carried no -i."""
+    import json
+    import shlex
+
+    from orchestrator.cli import main
+
+    _, new, inv = _profiles(tmp_path)
+    assert main(["plan", str(new), "-i", str(inv), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [fix] = [c["fix"] for c in doc["checks"] if c["id"] == "secrets.values-not-planned"]
+    cmd = fix.split("`")[1]
+    assert shlex.split(cmd) == ["dsv4ctl", "apply", "-p", str(new), "-i", str(inv)]
