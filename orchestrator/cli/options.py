@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -185,16 +186,19 @@ def deprecated_host_operand(command: str) -> Any:
         @functools.wraps(fn)
         def wrapper(*args: Any, old_host: str | None, **kwargs: Any) -> Any:
             if old_host is not None:
-                click.echo(f"warning: `dsv4ctl {command} HOST` is deprecated; use "
-                           f"`dsv4ctl {command} --host HOST`", err=True)
                 host = kwargs.get("host_name")
                 if host is not None and host != old_host:
                     raise click.UsageError(f"the host is given twice and differs: HOST "
                                            f"'{old_host}' and --host '{host}'; give --host once")
                 kwargs["host_name"] = old_host
+                from orchestrator.cli.output import echo
                 from orchestrator.cli.rerun import record
 
                 record(host=old_host)
+                # the old spelling quoted (a synopsis, not a command to run); the new one with
+                # this run's host, not a placeholder
+                echo(f"warning: \"dsv4ctl {command} HOST\" is deprecated; use --host "
+                     f"{shlex.quote(old_host)}", err=True)
             return fn(*args, **kwargs)
 
         return click.argument("old_host", required=False, metavar="HOST",
