@@ -3,6 +3,8 @@
 ``--update-golden`` rewrites golden files instead of comparing against them; without it a golden test
 fails with a diff. Regenerated goldens are reviewed like code before they are committed. The
 environment dsv4ctl sees is fixed for the session (no ``COLUMNS``, a state folder of its own).
+Every ``dsv4ctl`` command an in-process CLI run prints is checked right after that run
+(tests/printed_commands.py); a violation fails the test that made the run.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +88,48 @@ def _controller_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         mp.delenv("LINES", raising=False)
         mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
         yield
+
+
+# Every dsv4ctl command a CLI run prints is checked right after the run (tests/printed_commands.py):
+# runnable as printed, acting on that run's deployment. A violation fails the test whose run
+# printed it (setup, call or teardown: a fixture's run counts for the test it serves).
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.printed_commands import COLLECTOR
+
+    COLLECTOR.install()
+
+
+def _printed_commands_phase() -> Iterator[None]:
+    from tests.printed_commands import COLLECTOR
+
+    COLLECTOR.take()  # runs outside any test (collection) are not this test's
+    try:
+        yield
+    finally:
+        violations = COLLECTOR.take()
+    if violations:
+        pytest.fail("a printed dsv4ctl command is not runnable as printed on the run's "
+                    "deployment (issue 32):\n" + "\n".join(str(v) for v in violations),
+                    pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    yield from _printed_commands_phase()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield from _printed_commands_phase()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield from _printed_commands_phase()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests.printed_commands import COLLECTOR
+
+    if COLLECTOR.commands:
+        terminalreporter.write_line(f"printed dsv4ctl commands checked: {COLLECTOR.commands}")
