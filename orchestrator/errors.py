@@ -2,7 +2,9 @@
 
 Every failure the tool expects is raised as a subclass of :class:`DsvError`; the CLI is the one boundary
 that turns them into a message and an exit code (see ``EXIT_CODES`` and ``dsv4ctl --help``). Nothing
-below the CLI prints or exits. Each error carries what went wrong and, where we know it, the fix.
+below the CLI prints or exits. Each error carries what went wrong and, where we know it, the fix; a
+fix that is an edit of the profile is given as data (:class:`FixChange`) and said by
+:func:`fix_text`, the one place its words are made.
 """
 
 from __future__ import annotations
@@ -40,6 +42,54 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
 }
 
 
+@dataclass(frozen=True)
+class FixChange:
+    """One edit of the profile that a fix proposes: ``field`` (a dotted path; a list item by its
+    index in the list as written, ``topology.engine.extra_args.3``, the same list for every edit
+    of one fix) set to ``value``, or removed. A fix that is such
+    edits has its text rendered from them (:func:`fix_text`), so what the text says and what the
+    edit does are one thing, and a test can apply it as written."""
+
+    field: str
+    value: object = None
+    remove: bool = False
+
+
+def set_to(field: str, value: object) -> FixChange:
+    """The edit "set ``field`` to ``value``"."""
+    return FixChange(field, value)
+
+
+def remove(field: str) -> FixChange:
+    """The edit "remove ``field``" (a key, or a list item by its index)."""
+    return FixChange(field, remove=True)
+
+
+def _yaml_value(value: object) -> str:
+    import json
+
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)  # true, false, null: as YAML writes them
+    return str(value) if isinstance(value, (str, int, float)) else json.dumps(value)
+
+
+def fix_text(change: Iterable[FixChange], then: str = "") -> str:
+    """A fix's words for its edits: ``set attention.index_topk: 1024``, ``remove
+    CUDA_VISIBLE_DEVICES from topology.engine.env``, ``remove topology.engine.extra_args[3]``,
+    joined by "and"; ``then`` follows as written (``" (what auto picks)"``, ``", or list 8
+    GPUs"``). The one place the text of a machine-readable fix is made."""
+    words = []
+    for c in change:
+        parent, _, leaf = c.field.rpartition(".")
+        if c.remove and leaf.isdigit():
+            words.append(f"remove {parent}[{leaf}]")
+        elif c.remove:
+            words.append(f"remove {leaf} from {parent}" if parent else f"remove {leaf}")
+        else:
+            words.append(f"set {c.field}: {_yaml_value(c.value)}")
+    return " and ".join(words) + then
+
+
 class DsvError(Exception):
     """Base of every expected failure. ``fix`` says what the user can do about it."""
 
@@ -55,6 +105,21 @@ class DsvError(Exception):
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return text
+
+
+def closest(value: object, choices: Iterable[object]) -> object | None:
+    """The choice ``value`` was most likely meant to be: by spelling (difflib), else, for a
+    number, the nearest number; None when neither says."""
+    options = list(choices)
+    close = difflib.get_close_matches(str(value), [str(c) for c in options], n=1, cutoff=0.6)
+    if close:
+        return next(c for c in options if str(c) == close[0])
+    numbers = [(i, c) for i, c in enumerate(options)
+               if isinstance(c, int | float) and not isinstance(c, bool)]
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        # a tie goes to the later choice (a catalog lists the larger, safer value last)
+        return min(numbers, key=lambda ic: (abs(ic[1] - value), -ic[0]))[1]
+    return None
 
 
 def did_you_mean(value: object, choices: Iterable[object], *, what: str = "choices") -> str:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.deployment import Deployment, Placement
+from orchestrator.errors import FixChange
 
 PLAN_FORMAT = 2  # bump when the JSON shape changes incompatibly
 FLEET_FORMAT = 1  # the fleet plan's JSON shape (planner/fleet.py)
@@ -31,6 +32,9 @@ class Check(_Frozen):
     title: str
     message: str  # with the numbers that led to it
     fix: str | None = None
+    # the profile edit the fix proposes, when it is one (the fix's text is rendered from it,
+    # orchestrator.errors.fix_text); not part of the plan's JSON (saved plans keep their shape)
+    change: tuple[FixChange, ...] = Field(default=(), exclude=True)
     subject: str | None = None  # role, GPU or disk it is about
     numbers: dict[str, float | int | str] = Field(default_factory=dict)
     acknowledged: bool = False

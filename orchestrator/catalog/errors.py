@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.errors import CatalogLookupError, DsvError, did_you_mean
+from orchestrator.errors import CatalogLookupError, DsvError, FixChange, did_you_mean, fix_text
 
 
 class CatalogError(DsvError):
@@ -45,7 +45,14 @@ class UnknownCatalogData(CatalogError, ValueError):
 
 
 class UnsupportedLayout(CatalogError, ValueError):
-    """A parallel layout (tp, ep, attention-DP) the model or engine cannot shard."""
+    """A parallel layout (tp, ep, attention-DP) the model or engine cannot shard. ``change``: the
+    layout knobs its fix sets (``ep``, ``attn_dp``: a role's field), the fix's text rendered from
+    them with ``then`` after (:func:`orchestrator.errors.fix_text`)."""
+
+    def __init__(self, message: str, *, fix: str | None = None,
+                 change: tuple[FixChange, ...] = (), then: str = "") -> None:
+        super().__init__(message, fix=fix_text(change, then) if change else fix)
+        self.change, self.then = change, then
 
 
 class CatalogDataError(CatalogError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 T = TypeVar("T")
 
@@ -279,6 +279,12 @@ class MoePathCost(_Strict):
 
 
 class KnownBad(_Strict):
+    """A combination the engine is known to get wrong. ``change``: the profile fields its fix
+    sets (dotted path -> value); then the fix's text is rendered from it and ``fix`` is only
+    what follows (the planner's check: :func:`orchestrator.errors.fix_text`), so text and edit
+    cannot disagree.
+    Without ``change`` (a fix that is no one profile edit), ``fix`` is the whole text."""
+
     id: str
     title: str
     severity: Literal["error", "warning", "info"]
@@ -287,7 +293,16 @@ class KnownBad(_Strict):
     source: str | None = None
     confidence: Confidence
     fix: str
+    change: dict[str, str | int | bool] | None = None
     note: str | None = None
+
+    @model_validator(mode="after")
+    def _fix_follows_its_change(self) -> KnownBad:
+        if self.change and self.fix.lstrip().startswith(("set ", "remove ")):
+            raise ValueError(f"known_bad {self.id}: with change, fix is only what follows the "
+                             f"rendered change (not {self.fix!r})")
+        return self
+
 
     @field_validator("upstream")
     @classmethod

@@ -25,6 +25,7 @@ from orchestrator.catalog.models import (
     QuantFormat,
     WeightBreakdown,
 )
+from orchestrator.errors import set_to
 
 
 class Catalog(Protocol):
@@ -131,8 +132,8 @@ def _check_layout(
     for name, v in (("tp", tp), ("ep", ep), ("attn_dp", attn_dp)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise UnsupportedLayout(
-                f"{name} must be a positive integer, got {v!r}.", fix=f"set {name} to 1 or more."
-            )
+                f"{name} must be a positive integer, got {v!r}.", change=(set_to(name, 1),),
+                then=" (or more)")
     cfg = catalog.architecture(variant.architecture).config
     heads = cfg.num_attention_heads.value
     groups = cfg.o_groups.value
@@ -142,12 +143,14 @@ def _check_layout(
         raise UnsupportedLayout(
             f"ep={ep} with tp={tp}: SGLang 0.5.23 requires ep_size * moe_dp_size == tp_size and the "
             "catalog models moe_dp_size 1 only, so ep must be 1 (TP-sliced experts) or equal to tp.",
-            fix=f"set ep to 1 or {tp}.",
+            change=(set_to("ep", 1),), then=f", or ep: {tp}",
         )
     if tp % attn_dp:
         raise UnsupportedLayout(
             f"attn_dp={attn_dp} does not divide tp={tp}: attention-DP groups split the TP group.",
-            fix="choose attn_dp among the divisors of tp.",
+            change=(set_to("attn_dp", max(d for d in range(1, tp + 1)
+                                          if tp % d == 0 and d <= attn_dp)),),
+            then=" (the largest divisor of tp not above it)",
         )
     attn_tp = tp // attn_dp
     if heads % attn_tp or groups % attn_tp:
@@ -164,14 +167,14 @@ def _check_layout(
     if inter % moe_tp:
         raise UnsupportedLayout(
             f"MoE TP size {moe_tp} does not divide moe_intermediate_size {inter}.",
-            fix="use ep == tp.",
+            change=(set_to("ep", tp),), then=" (ep == tp)",
         )
     k_block = catalog.quant(expert_format).k_block
     if k_block and (inter // moe_tp) % k_block:
         raise UnsupportedLayout(
             f"TP-slicing experts {moe_tp} ways leaves {inter // moe_tp} intermediate columns per "
             f"rank, not a multiple of the {expert_format} scale block ({k_block}).",
-            fix=f"use ep={tp} (whole experts per rank) instead of TP-sliced experts.",
+            change=(set_to("ep", tp),), then=" (whole experts per rank) instead of TP-sliced experts",
         )
     if shared_format is None:
         return

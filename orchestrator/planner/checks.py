@@ -2,7 +2,10 @@
 
 A check is a finding with a stable id (``topology.gpu-overlap``), a severity, the numbers behind it and
 a fix. Ids are part of the interface: profiles acknowledge warnings by id, tests and CI grep for them, so
-they never change meaning. Every function here is pure.
+they never change meaning. A fix that is an edit of the profile is given as one (``change``), its
+text rendered from it. Every function here is pure. Just past 400 lines: the topology rules with
+their edits, disk and the host's own checks; the seam, if it grows, is the host checks (keys,
+users, secrets, acknowledgements) into a module of their own.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from orchestrator.deployment import Deployment
-from orchestrator.errors import DsvError
+from orchestrator.errors import DsvError, FixChange, fix_text, set_to
 from orchestrator.facts import DiskFact, Facts
 from orchestrator.planner_model import Check, DiskRow, Severity
 from orchestrator.profile.inventory import Host
@@ -26,19 +29,28 @@ def check(
     subject: str | None = None,
     source: str | None = None,
     field: str | None = None,
+    change: Sequence[FixChange] = (),
     **numbers: float | int | str,
 ) -> Check:
+    """A check. With ``change`` (the profile edit its fix proposes), the fix's text is rendered
+    from the change and ``fix`` is only what follows it (:func:`fix_text`)."""
+    if change:
+        fix = fix_text(change, fix or "")
     return Check(id=id, severity=severity, title=title, message=message, fix=fix, subject=subject,
-                 source=source, field=field, numbers=dict(sorted(numbers.items())))
+                 source=source, field=field, change=tuple(change),
+                 numbers=dict(sorted(numbers.items())))
 
 
 def layout_check(role: str, exc: DsvError) -> Check:
     """``capacity.layout`` of a role (the catalog's UnsupportedLayout / UnknownCatalogData): its
     reason, and its fix once (not also inside the message)."""
+    change = tuple(FixChange(_field(role, c.field), c.value, c.remove)
+                   for c in getattr(exc, "change", ()))  # a layout knob is the role's field
     return check("capacity.layout", "error", "weights cannot be sharded this way",
                  f"role {role}: {exc.message}",
+                 getattr(exc, "then", "") if change else
                  exc.fix or "choose tp/ep/attn_dp the model supports",
-                 field=f"topology.{role}.tp", subject=role)
+                 field=f"topology.{role}.tp", subject=role, change=change)
 
 
 def gib(n: float) -> str:
@@ -77,13 +89,15 @@ def topology_checks(dep: Deployment, num_heads: int) -> list[Check]:
                     field=_field(role.name, "gpus"), subject=role.name, gpu=g))
             owner.setdefault(g, role.name)
         if role.tp != len(role.gpus):
+            change = _tp_of_gpus(role.name, len(role.gpus), role.ep, role.attn_dp, num_heads)
             out.append(check(
                 "topology.tp-gpus", "error", "TP size differs from the number of GPUs",
                 f"role {role.name} has tp={role.tp} but {len(role.gpus)} GPUs; SGLang runs one rank "
                 "per GPU, so the TP group spans exactly the role's GPUs",
-                f"set tp: {len(role.gpus)} or list {role.tp} GPUs",
+                f", or list {role.tp} GPUs" if change else
+                f"list {role.tp} GPUs ({len(role.gpus)} does not divide the {num_heads} heads)",
                 field=_field(role.name, "tp"), subject=role.name, tp=role.tp,
-                gpus=len(role.gpus)))
+                gpus=len(role.gpus), change=change))
         if num_heads % role.tp:
             ok = ", ".join(str(d) for d in _divisors(num_heads, 64))
             out.append(check(
@@ -97,18 +111,34 @@ def topology_checks(dep: Deployment, num_heads: int) -> list[Check]:
                 "topology.ep", "error", "EP size does not divide TP",
                 f"role {role.name}: ep={role.ep} with tp={role.tp}; SGLang requires ep_size x "
                 "moe_dp_size == tp_size",
-                f"use ep: 1 or ep: {role.tp}",
-                field=_field(role.name, "ep"), subject=role.name, ep=role.ep, tp=role.tp))
+                f", or ep: {role.tp}",
+                field=_field(role.name, "ep"), subject=role.name, ep=role.ep, tp=role.tp,
+                change=[set_to(_field(role.name, "ep"), 1)]))
         if role.tp % role.attn_dp:
             ok = ", ".join(str(d) for d in _divisors(role.tp))
             out.append(check(
                 "topology.attn-dp", "error", "attention-DP does not divide TP",
                 f"role {role.name}: attn_dp={role.attn_dp} must divide tp={role.tp}",
-                f"use attn_dp in {{{ok}}}",
+                f" (attn_dp divides tp: one of {{{ok}}})",
                 field=_field(role.name, "attn_dp"), subject=role.name, attn_dp=role.attn_dp,
-                tp=role.tp))
+                tp=role.tp, change=[set_to(_field(role.name, "attn_dp"), max(
+                    d for d in _divisors(role.tp) if d <= role.attn_dp))]))
     out.extend(_port_conflicts(dep))
     return out
+
+
+def _tp_of_gpus(role: str, n: int, ep: int, attn_dp: int, num_heads: int) -> list[FixChange]:
+    """The edit that makes a role's TP group its ``n`` GPUs: tp, and the ep and attn_dp a TP
+    of ``n`` then needs (ep 1 or tp, attn_dp a divisor), so the fix raises no error of its own;
+    none when ``n`` cannot be a TP size (it does not divide the heads)."""
+    if n < 1 or num_heads % n:
+        return []
+    change = [set_to(_field(role, "tp"), n)]
+    if ep not in (1, n):
+        change.append(set_to(_field(role, "ep"), n if ep > 1 else 1))
+    if n % attn_dp:
+        change.append(set_to(_field(role, "attn_dp"), max(d for d in _divisors(n) if d <= attn_dp)))
+    return change
 
 
 def host_topology_checks(dep: Deployment, facts: Facts) -> list[Check]:

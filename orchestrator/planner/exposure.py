@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from orchestrator.catalog import EngineRules
 from orchestrator.deployment import Deployment
+from orchestrator.errors import remove
 from orchestrator.exposure import DESCRIPTION, classify_listen
 from orchestrator.planner.checks import check
 from orchestrator.planner_model import Check
@@ -128,11 +129,16 @@ def foreign_flag_checks(engine: EngineRules, dep: Deployment) -> list[Check]:
             f = listed.get(spec.dest if spec is not None else name)
             if f is None:
                 continue
+            # the flag's words: the flag, and its value when it takes one as the next word
+            words = [i] + ([i + 1] if spec is not None and spec.takes_value and "=" not in word
+                           and i + 1 < len(role.extra_args) else [])
             out.append(check(
                 "engine.foreign-code-flag", "error", "engine flag runs foreign code or sends data",
                 f"role {role.name}: extra_args[{i}] = {word!r} {_KIND[f.kind]} ({f.kind})",
-                "remove it, or acknowledge engine.foreign-code-flag with why it is safe here "
-                "(the code or the destination is yours)",
+                f" ({word}{' and its value' if len(words) > 1 else ''}), or acknowledge "
+                "engine.foreign-code-flag with why it is safe here (the code or the destination "
+                "is yours)",
                 subject=f"topology.{role.name}.extra_args",
-                field=f"topology.{role.name}.extra_args.{i}", source=f.source))
+                field=f"topology.{role.name}.extra_args.{i}", source=f.source,
+                change=[remove(f"topology.{role.name}.extra_args.{w}") for w in words]))
     return out

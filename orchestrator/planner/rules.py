@@ -8,9 +8,14 @@ upstream links) and the pinned flag table; nothing is hard-coded for one engine 
 from __future__ import annotations
 
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
-from orchestrator.catalog.flags import FlagTable, UnknownFlagTableError, load_flag_table
+from orchestrator.catalog.flags import (
+    FlagProblem,
+    FlagTable,
+    UnknownFlagTableError,
+    load_flag_table,
+)
 from orchestrator.deployment import Deployment
-from orchestrator.errors import DsvError, did_you_mean
+from orchestrator.errors import DsvError, closest, did_you_mean, remove, set_to
 from orchestrator.planner.capacity import HostGpu
 from orchestrator.planner.checks import check
 from orchestrator.planner.kvpool import cuda_kv_dtype_refusal
@@ -24,6 +29,11 @@ LONG_CONTEXT_TOKENS = 4096
 
 _SPEC = {"eagle": "EAGLE", "dspark": "DSPARK"}
 
+# The deployment values checked against the engine's `accepted` table: (knob, the profile field
+# that sets it, its label). Each is the rule engine.<knob> (static.rule_ids lists them).
+ACCEPTED = (("index_topk", "attention.index_topk", "index_topk"),
+            ("kv_cache_dtype", "attention.kv_cache_dtype", "KV cache dtype"))
+
 
 def _accepted(engine: EngineRules, knob: str, value: object, field: str, label: str) -> list[Check]:
     spec = engine.accepted[knob]
@@ -31,23 +41,28 @@ def _accepted(engine: EngineRules, knob: str, value: object, field: str, label: 
     # does not (kvpool.cuda_kv_dtype_refusal)
     starts = [v for v in spec.values
               if knob != "kv_cache_dtype" or cuda_kv_dtype_refusal(str(v)) is None]
+    # the value the fix sets: the one meant (spelling, nearest number), else the first that starts
+    meant = closest(value, starts)
+    change = [set_to(field, meant if meant is not None else starts[0])] if starts else []
     if value in spec.values:
         refusal = cuda_kv_dtype_refusal(str(value)) if knob == "kv_cache_dtype" else None
         if refusal is None:
             return []
         return [check(f"engine.{knob.replace('_', '-')}", "error",
                       f"{label} cannot start on CUDA", f"{field} = {value}: {refusal[0]}",
-                      refusal[1], subject=field, field=field,
-                      source="planner/kvpool.py (sglang 0.5.23 deepseek_v4_memory_pool.py)")]
+                      None if change else refusal[1], subject=field, field=field,
+                      source="planner/kvpool.py (sglang 0.5.23 deepseek_v4_memory_pool.py)",
+                      change=change)]
     allowed = ", ".join(str(v) for v in spec.values)
-    fix = did_you_mean(value, starts, what="values that start")
+    then = f" (values that start: {', '.join(str(v) for v in starts)})"
     if knob == "kv_cache_dtype" and value == "bf16":
-        fix = ("write 'fp8_e4m3': SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 "
-               "path, and its 'bfloat16' has no V4 KV pool on CUDA")
+        then = (" (SGLang 0.5.23 does not normalise 'bf16' on the DeepSeek-V4 path, and its "
+                "'bfloat16' has no V4 KV pool on CUDA)")
     return [check(f"engine.{knob.replace('_', '-')}", "error", f"{label} not accepted by the engine",
                   f"{field} = {value}: {engine.engine} {engine.version} accepts only {allowed}"
-                  + (f" ({spec.note})" if spec.note else ""), fix, subject=field, field=field,
-                  source=spec.source)]
+                  + (f" ({spec.note})" if spec.note else ""),
+                  then if change else did_you_mean(value, starts, what="values that start"),
+                  subject=field, field=field, source=spec.source, change=change)]
 
 
 def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
@@ -56,17 +71,17 @@ def engine_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: D
     the engine rules `dsv4ctl validate` reports as well as `plan`."""
     cfg = cat.config_of(model)
     out: list[Check] = []
-    out += _accepted(engine, "index_topk", dep.index_topk, "attention.index_topk", "index_topk")
-    out += _accepted(engine, "kv_cache_dtype", dep.kv_cache_dtype, "attention.kv_cache_dtype",
-                     "KV cache dtype")
+    for knob, field, label in ACCEPTED:
+        out += _accepted(engine, knob, getattr(dep, knob), field, label)
     max_ctx = cfg.max_position_embeddings.value
     if dep.context_length > max_ctx:
         out.append(check(
             "engine.context-length", "error", "context longer than the model supports",
             f"attention.context_length = {dep.context_length:,} exceeds the model's "
-            f"max_position_embeddings {max_ctx:,}", f"use at most {max_ctx:,}",
+            f"max_position_embeddings {max_ctx:,}", " (the model's longest), or less",
             subject="attention.context_length", field="attention.context_length",
-            source=cfg.max_position_embeddings.source))
+            source=cfg.max_position_embeddings.source,
+            change=[set_to("attention.context_length", max_ctx)]))
     out += _speculative(engine, model, dep)
     out += _trust_remote_code(engine, dep)
     out += _legacy_kernel_keys(profile)
@@ -107,14 +122,16 @@ def _kernel_paths(dep: Deployment, gpu: HostGpu) -> list[Check]:
                 out.append(check(
                     "kernels.engine-path-unsupported", "warning",
                     f"{p.op} kept on the engine's path where it fails",
-                    f"{role.name}: {p.why}", f"set {field}: auto (the bundled kernel serves it), "
-                    "or set attn_dp equal to tp on the role so each rank keeps 64 heads",
-                    subject=f"{role.name}.{p.op}", field=field, source=p.source))
+                    f"{role.name}: {p.why}", " (the bundled kernel serves it), or set attn_dp "
+                    "equal to tp on the role so each rank keeps 64 heads",
+                    subject=f"{role.name}.{p.op}", field=field, source=p.source,
+                    change=[set_to(field, "auto")]))
             if p.choice == "bundled" and p.path == "engine":
                 out.append(check(
                     "kernels.bundled-no-effect", "warning", f"kernels.{p.op}: bundled does nothing "
-                    f"on {gpu.arch}", f"{role.name}: {p.why}", f"set {field}: auto",
-                    subject=f"{role.name}.{p.op}", field=field, source=p.source))
+                    f"on {gpu.arch}", f"{role.name}: {p.why}", None,
+                    subject=f"{role.name}.{p.op}", field=field, source=p.source,
+                    change=[set_to(field, "auto")]))
             if p.measured and "ignored" in p.measured and (role.name, "m") not in seen:
                 seen.add((role.name, "m"))
                 out.append(check(
@@ -140,9 +157,11 @@ def _legacy_kernel_keys(profile: Profile) -> list[Check]:
                "bundled one is needed or measured faster (`dsv4ctl plan --explain` says which)"
                if value else "The engine's own path runs for "
                + ("every op" if key == "enabled" else "the mHC pre GEMM")),
-            f"replace kernels.{key} with kernels.attention / kernels.indexer / kernels.mhc_pre "
-            "(auto, engine or bundled)", subject=f"kernels.{key}", field=f"kernels.{key}",
-            source="orchestrator/profile/schema.py LEGACY_KERNEL_KEYS"))
+            "" if mapped else " (auto, the default, for every op)",
+            subject=f"kernels.{key}", field=f"kernels.{key}",
+            source="orchestrator/profile/schema.py LEGACY_KERNEL_KEYS",
+            change=[remove(f"kernels.{key}"),
+                    *(set_to(f"kernels.{op}", c) for op, c in mapped.items())]))
     return out
 
 
@@ -154,16 +173,17 @@ def _trust_remote_code(engine: EngineRules, dep: Deployment) -> list[Check]:
     if need.value and not dep.trust_remote_code:
         return [check("model.trust-remote-code", "error", "the checkpoint needs remote code",
                       f"{tool} loads DeepSeek-V4 only with --trust-remote-code, and "
-                      "model.trust_remote_code is false", "set model.trust_remote_code: true if "
-                      "you trust the checkpoint's Python files", subject="model.trust_remote_code",
-                      field="model.trust_remote_code", source=need.source)]
+                      "model.trust_remote_code is false", " if you trust the checkpoint's Python "
+                      "files", subject="model.trust_remote_code",
+                      field="model.trust_remote_code", source=need.source,
+                      change=[set_to("model.trust_remote_code", True)])]
     if dep.trust_remote_code and not need.value:
         return [check("model.trust-remote-code", "warning", "remote code enabled but not needed",
                       f"model.trust_remote_code is true: the engine runs Python files from "
                       f"{dep.model_path}, which {tool} does not need for DeepSeek-V4 "
-                      f"({need.confidence})", "set model.trust_remote_code: false unless this "
-                      "checkpoint ships code it needs", subject="model.trust_remote_code",
-                      field="model.trust_remote_code", source=need.source)]
+                      f"({need.confidence})", " unless this checkpoint ships code it needs",
+                      subject="model.trust_remote_code", field="model.trust_remote_code",
+                      source=need.source, change=[set_to("model.trust_remote_code", False)])]
     state = "on" if dep.trust_remote_code else "off"
     return [check("model.trust-remote-code", "info", "remote code",
                   f"--trust-remote-code is {state}; {tool} "
@@ -180,15 +200,17 @@ def _speculative(engine: EngineRules, model: ModelVariant, dep: Deployment) -> l
     if rule is None:
         return [check("engine.speculative", "error", "speculative algorithm not supported",
                       f"speculative.algorithm = {algo} is not allowed for DeepSeek-V4 by "
-                      f"{engine.engine} {engine.version}", "use eagle or dspark, or none",
-                      subject="speculative.algorithm", field="speculative.algorithm")]
+                      f"{engine.engine} {engine.version}", ", or an algorithm the engine allows",
+                      subject="speculative.algorithm", field="speculative.algorithm",
+                      change=[set_to("speculative.algorithm", "none")])]
     if rule.requires_module and rule.requires_module not in model.modules:
         return [check("engine.speculative", "error", "the checkpoint lacks the draft module",
                       f"speculative.algorithm = {algo} needs the {rule.requires_module} module, which "
                       f"{model.id} does not ship (modules: {', '.join(model.modules)})",
-                      "use eagle (MTP) with this checkpoint, or a checkpoint that ships DSpark "
+                      " (MTP) with this checkpoint, or use a checkpoint that ships DSpark "
                       "(dsv4-flash-0731-mxfp4)", subject="speculative.algorithm",
-                      field="speculative.algorithm", source=rule.source)]
+                      field="speculative.algorithm", source=rule.source,
+                      change=[set_to("speculative.algorithm", "eagle")])]
     return []
 
 
@@ -228,16 +250,18 @@ def _moe_path(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deplo
         return [check(
             "engine.moe-runner-unavailable", "error", "MoE runner cannot run on this GPU",
             f"{label}: {resolved} ({rule.method}), which does not run on {gpu.arch}{note}{conf}",
-            f"set moe.runner_backend: {alt[0]}" if alt else "choose a checkpoint format this GPU runs",
-            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source)]
+            None if alt else "choose a checkpoint format this GPU runs",
+            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source,
+            change=[set_to("moe.runner_backend", alt[0])] if alt else [])]
     if rule.path_kind == "dequant_fallback":
         alt = [r.runner for r in rules if r.path_kind == "tensor_core" and r.requires_expert_storage is None]
         return [check(
             "engine.moe-runner-fallback", "warning", "MoE runs on a dequantizing fallback",
             f"{label}: {resolved} ({rule.method}), a CUDA-core dequant path{cost_text}{note}{conf}",
-            f"set moe.runner_backend: {alt[0]} (tensor cores)" if alt else
+            " (tensor cores)" if alt else
             "use a checkpoint format with a tensor-core path on this GPU",
-            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source)]
+            subject="moe.runner_backend", field="moe.runner_backend", source=rule.source,
+            change=[set_to("moe.runner_backend", alt[0])] if alt else [])]
     return [check(
         "engine.moe-runner", "info", "MoE kernel path",
         f"{label}: {resolved} ({rule.method}), tensor cores{cost_text}{conf}", None,
@@ -280,7 +304,8 @@ def _known_bad(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Depl
             out.append(check(
                 f"known-bad.{kb.id}", kb.severity, kb.title,
                 f"{kb.title}{conf}; applies to role {role.name}{note}", kb.fix,
-                subject=role.name, field=f"topology.{role.name}", source=" ".join(kb.upstream)))
+                subject=role.name, field=f"topology.{role.name}", source=" ".join(kb.upstream),
+                change=[set_to(k, v) for k, v in (kb.change or {}).items()]))
     return out
 
 
@@ -318,17 +343,24 @@ def _flags(dep: Deployment, profile: Profile) -> list[Check]:
                              subject=f"topology.{r.name}.extra_args",
                              field=f"topology.{r.name}.extra_args.{i}"))
     # one problem of a profile-wide field shows in every role's command line: report it once
-    grouped: dict[tuple[str, str, str, str, str], list[str]] = {}
+    grouped: dict[tuple[str, str, str, str, str], tuple[list[str], FlagProblem]] = {}
     for role, argv, tbl in lines:
         for p in tbl.check(argv):
             sev = "error" if p.severity == "error" else "warning"
-            grouped.setdefault((p.kind, sev, p.message, p.fix, p.option or ""), []).append(role)
-    for (kind, sev, message, fix, option), roles in grouped.items():
+            grouped.setdefault((p.kind, sev, p.message, p.fix, p.option or ""),
+                               ([], p))[0].append(role)
+    for (kind, sev, message, fix, option), (roles, problem) in grouped.items():
         field = FLAG_FIELDS.get(option) or f"topology.{roles[0]}"
         who = "role" if len(roles) == 1 else "roles"
+        # a rendered flag's value outside its choices is its profile field's: the fix sets the
+        # choice the value was meant to be
+        meant = (closest(problem.value, problem.choices)
+                 if kind == "invalid_choice" and option in FLAG_FIELDS else None)
         out.append(check(f"engine.flag-{kind.replace('_', '-')}", sev, "command line flag problem",
-                         f"{who} {', '.join(roles)}: {message}", fix, subject=roles[0],
-                         field=field))
+                         f"{who} {', '.join(roles)}: {message}",
+                         f" (of {len(problem.choices)} choices)" if meant is not None else fix,
+                         subject=roles[0], field=field,
+                         change=[set_to(field, meant)] if meant is not None else []))
     return out
 
 

@@ -4,7 +4,9 @@ Owns which checks are static (topology and ports as written, the pinned engine's
 its rules and its command-line flags, the catalog's model and engine ids) and where in the YAML each
 one points. `dsv4ctl validate` runs exactly :func:`static_checks`; `dsv4ctl plan` runs the same
 function and adds what needs the host (GPU model and count, disks, ports in use, the MoE kernel path
-and known-bad combinations of the host's GPU architecture), so the two cannot disagree.
+and known-bad combinations of the host's GPU architecture), so the two cannot disagree. Also the
+registry of the engine rules (:func:`rule_ids`: the static half's and the host GPU's), which the
+suite holds each to its fix.
 """
 
 from __future__ import annotations
@@ -14,11 +16,46 @@ from pathlib import Path
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
 from orchestrator.catalog.errors import UnknownCatalogData, UnsupportedLayout
 from orchestrator.deployment import Deployment
+from orchestrator.errors import remove
 from orchestrator.planner import rules
 from orchestrator.planner.checks import check, layout_check, topology_checks
 from orchestrator.planner_model import Check
 from orchestrator.profile.loader import locate
 from orchestrator.profile.schema import Profile
+
+# Every engine rule a plan raises, by id (ids are the interface: profiles acknowledge them by id):
+# the static half's (what `validate` reports too) and those of the host's GPU architecture (plan,
+# rules.gpu_engine_checks). Families come from where their members are defined (rule_ids).
+# tests/unit/test_fix_texts.py applies each rule's fix as written and fails on a rule that the
+# rule modules raise and this list lacks.
+STATIC_RULES = (
+    "topology.gpu-duplicate", "topology.gpu-overlap", "topology.tp-gpus", "topology.tp-heads",
+    "topology.ep", "topology.attn-dp", "topology.port-conflict", "capacity.layout",
+    "profile.env-reserved", "engine.context-length", "engine.speculative",
+    "model.trust-remote-code", "kernels.deprecated-key", "engine.flag-table", "engine.render",
+    "engine.flag-reserved", "engine.foreign-code-flag")
+GPU_RULES = (
+    "engine.moe-runner-unknown", "engine.moe-runner-unavailable", "engine.moe-runner-fallback",
+    "engine.moe-runner", "kernels.engine-path-unsupported", "kernels.bundled-no-effect",
+    "kernels.measurement-ignored")
+RULE_FAMILIES = ("engine.", "engine.flag-", "known-bad.")  # id prefixes of rule_ids' families
+
+
+def rule_ids(cat: Catalog) -> tuple[list[str], list[str]]:
+    """(the static half's rule ids, the host GPU's): :data:`STATIC_RULES` and
+    :data:`GPU_RULES` with their families' members: engine.<knob> for each value checked against
+    the engine's accepted table, engine.flag-<kind> for each kind of flag problem, and
+    known-bad.<id> for each catalog entry of a known-bad combination."""
+    from typing import get_args
+
+    from orchestrator.catalog.flags.validator import ProblemKind
+
+    static = [*STATIC_RULES,
+              *(f"engine.{knob.replace('_', '-')}" for knob, _, _ in rules.ACCEPTED),
+              *(f"engine.flag-{kind.replace('_', '-')}" for kind in get_args(ProblemKind))]
+    gpu = [*GPU_RULES, *dict.fromkeys(f"known-bad.{kb.id}" for e in cat.engines
+                                      for kb in e.known_bad)]
+    return static, gpu
 
 
 def static_checks(cat: Catalog, engine: EngineRules, model: ModelVariant, dep: Deployment,
@@ -49,9 +86,9 @@ def env_checks(dep: Deployment) -> list[Check]:
     from orchestrator.render import reserved_env_problems  # jinja2 only; plan imports it anyway
 
     return [check("profile.env-reserved", "error", "role env sets a variable dsv4ctl owns",
-                  f"{where} = {dict(role.env)[where.rsplit('.', 1)[1]]!r}: {message}", fix,
-                  field=where, subject=role.name)
-            for role in dep.roles for where, message, fix in reserved_env_problems(dep, role)]
+                  f"{where} = {dict(role.env)[where.rsplit('.', 1)[1]]!r}: {message}", then,
+                  field=where, subject=role.name, change=[remove(where)])
+            for role in dep.roles for where, message, then in reserved_env_problems(dep, role)]
 
 
 def locate_checks(checks: list[Check], text: str, filename: str) -> list[Check]:

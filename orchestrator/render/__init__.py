@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.deployment import LOOPBACK, Deployment, RoleDeployment
-from orchestrator.errors import RenderError
+from orchestrator.errors import RenderError, fix_text, remove
 from orchestrator.profile.schema import ColocatedTopology, Profile
 from orchestrator.render.argv import (
     engine_argv,
@@ -342,9 +342,11 @@ def is_loader_env(name: str) -> bool:
 
 
 def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[str, str, str]]:
-    """``(field, reason, fix)`` for each variable of the role's ``env:`` that dsv4ctl renders
-    itself. One owner: render refuses the first, and the planner's static checks report them all
-    with their YAML location (so `validate` catches what render would refuse)."""
+    """``(field, reason, then)`` for each variable of the role's ``env:`` that dsv4ctl renders
+    itself: the fix removes ``field``, and ``then`` says what follows (its text:
+    :func:`reserved_env_fix`). One owner: render refuses the first, and the planner's static
+    checks report them all with their YAML location (so `validate` catches what render would
+    refuse)."""
     field = f"topology.{role.name}"
     names = {k for k, _ in role.env}
     out = []
@@ -358,22 +360,25 @@ def reserved_env_problems(dep: Deployment, role: RoleDeployment) -> list[tuple[s
         if reserved in names and owned:
             out.append((f"{field}.env.{reserved}",
                         f"dsv4ctl sets {reserved} itself (from {_reserved_source(reserved, role)})",
-                        f"remove {reserved} from {field}.env, or set the kernels.<op> choices to "
-                        "engine (then the role's env reaches SGLang unchanged)"
-                        if reserved != "CUDA_VISIBLE_DEVICES" else
-                        f"remove {reserved} from {field}.env"))
+                        ", or set the kernels.<op> choices to engine (then the role's env "
+                        "reaches SGLang unchanged)" if reserved != "CUDA_VISIBLE_DEVICES" else ""))
     said = {where.rsplit(".", 1)[1] for where, _, _ in out}
     for name in sorted(n for n in names if is_loader_env(n) and n not in said):
         out.append((f"{field}.env.{name}",
                     f"{name} is a loader variable: it makes the engine's processes load or run "
                     "code from wherever it points, before or beside the engine environment's",
-                    f"remove {name} from {field}.env; install what the engine needs into the "
-                    "engine environment (engine.env) instead"))
+                    "; install what the engine needs into the engine environment (engine.env) "
+                    "instead"))
     if _fleet_pd(role) and "SGLANG_HOST_IP" in names:
         out.append((f"{field}.env.SGLANG_HOST_IP",
                     "dsv4ctl sets it itself in a fleet (from the host's service_address)",
-                    f"remove SGLANG_HOST_IP from {field}.env; set service_address in the inventory"))
+                    "; set service_address in the inventory"))
     return out
+
+
+def reserved_env_fix(field: str, then: str) -> str:
+    """The fix of a :func:`reserved_env_problems` entry: remove ``field``, then ``then``."""
+    return fix_text([remove(field)], then)
 
 
 def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDeployment
@@ -385,8 +390,8 @@ def _engine_files(env: object, profile: Profile, dep: Deployment, role: RoleDepl
     argv = engine_argv(dep, role)
     if not argv:
         raise RenderError(f"{field}: empty engine command line")
-    for where, message, fix in reserved_env_problems(dep, role):
-        raise RenderError(f"{where}: {message}", fix=fix)
+    for where, message, then in reserved_env_problems(dep, role):
+        raise RenderError(f"{where}: {message}", fix=reserved_env_fix(where, then))
     env_lines = [env_file_line(k, v, src) for k, v, src in engine_env(dep, role, field)]
 
     root = dep.install_root

@@ -79,7 +79,7 @@ def test_a_runner_typo_gets_a_did_you_mean_not_22_choices_twice(
     (tmp_path / "p.yaml").write_text(text)
     assert main(["plan", str(tmp_path / "p.yaml")]) == 1
     out = capsys.readouterr().out
-    assert "did you mean 'flashinfer_cutlass'?" in out
+    assert "set moe.runner_backend: flashinfer_cutlass (of" in out  # the one meant
     assert out.count("triton_kernel") == 0 and out.count("flashinfer_cutlas'") == 1
     assert "engine.moe-runner-unknown" not in out  # the same typo, not a second finding
 
@@ -127,7 +127,11 @@ def test_every_known_bad_fix_is_said_in_profile_terms() -> None:
 
     fields = ("moe.", "attention.", "model.", "topology.", "kernels.", "serving.", "extra_args",
               "attn_dp", "inventory", "none known")
+    from orchestrator.errors import fix_text, set_to
+
     for engine in load_catalog().engines:
         for kb in engine.known_bad:
-            assert any(f in kb.fix for f in fields), (kb.id, kb.fix)
-            assert not kb.fix.startswith(("use --", "render --", "leave --", "set SGLANG_")), kb.id
+            said = fix_text([set_to(k, v) for k, v in kb.change.items()], kb.fix) \
+                if kb.change else kb.fix
+            assert any(f in said for f in fields), (kb.id, said)
+            assert not said.startswith(("use --", "render --", "leave --", "set SGLANG_")), kb.id

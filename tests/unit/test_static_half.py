@@ -70,7 +70,7 @@ def test_ep_that_is_neither_1_nor_tp_is_refused_by_validate_with_its_fix_once(tm
     [err] = _errors(checks)
     assert err.id == "capacity.layout" and "ep=4 with tp=8" in err.message
     assert err.location and err.location.startswith(f"{path}:")
-    assert err.fix == "set ep to 1 or 8." and "Fix:" not in err.message  # the fix said once
+    assert err.fix == "set topology.engine.ep: 1, or ep: 8" and "Fix:" not in err.message  # once
     assert [c.id for c in _errors(_plan(path).checks)] == ["capacity.layout"]
     fixed = _edit(tmp_path, TP8, "    ep: 8\n", "    ep: 1\n")  # the fix, applied as written
     assert not [c for c in _errors(_plan(fixed).checks) if c.id == "capacity.layout"]

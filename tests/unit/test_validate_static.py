@@ -52,9 +52,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 SYMPTOMS = [  # (edit of the default profile, check id, field, a phrase of the fix)
     (("index_topk: 1024", "index_topk: 768"), "engine.index-topk", "attention.index_topk", "512, 1024"),
     (("kv_cache_dtype: fp8_e4m3", "kv_cache_dtype: fp8_e4m"), "engine.kv-cache-dtype",
-     "attention.kv_cache_dtype", "did you mean 'fp8_e4m3'?"),
+     "attention.kv_cache_dtype", "set attention.kv_cache_dtype: fp8_e4m3"),
     (("runner_backend: flashinfer_cutlass", "runner_backend: flashinfer_cutlas"),
-     "engine.flag-invalid-choice", "moe.runner_backend", "did you mean 'flashinfer_cutlass'?"),
+     "engine.flag-invalid-choice", "moe.runner_backend", "set moe.runner_backend: flashinfer_cutlass"),
     (("gpus: [4, 5, 6, 7]", "gpus: [3, 4, 5, 6]"), "topology.gpu-overlap", "topology.decode.gpus",
      "disjoint"),
 ]

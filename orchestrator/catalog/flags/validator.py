@@ -58,6 +58,7 @@ class FlagProblem:
     option: str | None = None
     value: str | None = None
     index: int | None = None  # position of the offending token in argv
+    choices: tuple[str, ...] = ()  # invalid_choice: the option's choices (a fix picks among them)
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message} Fix: {self.fix}"
@@ -552,6 +553,7 @@ class FlagTable:
                         f"{name} '{raw}' is not one of the {len(spec.choices)} choices of "
                         f"{self.tool}.",
                         did_you_mean(raw, spec.choices), name, raw, where,
+                        tuple(str(c) for c in spec.choices),
                     )
                 )
         if not problems:
