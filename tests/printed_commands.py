@@ -52,6 +52,8 @@ _ENDS = "`;()\n"
 # commands that act on a deployment: their targets are resolved and compared
 _ACTS = frozenset({"plan", "render", "apply", "rollback", "history", "status", "unlock",
                    "calibrate", "qualify kernels"})
+# commands whose subject is a profile: given none, the bundled default profile
+_PROFILE_SUBJECT = frozenset({"validate", "plan", "render", "apply"})
 # ... of which these take a host named alone (no profile): the host is what they act on
 _HOST_ALONE = frozenset({"rollback", "history", "status", "unlock", "calibrate",
                          "qualify kernels"})
@@ -332,7 +334,16 @@ def check(command: str, printed_by: Sequence[str]) -> list[Violation]:
             out.append(f"it names no host; the run's is --host {run.host}")
         elif printed.host not in hosts:
             out.append(f"it names --host {printed.host}; the run's is --host {run.host}")
-    if run_dep is not None and (printed.verb in _ACTS or printed.verb == "validate") and not out:
+    # `-p PROFILE` where the run named no profile (a host named alone): a placeholder for what
+    # the run does not know, which acts on no deployment until filled in (rerun.py writes it)
+    placeholder = run_profile is None and printed.profile is not None and bool(
+        re.fullmatch(r"[A-Z][A-Z_-]*", str(printed.profile)))
+    if (run_dep is not None and run_dep.profile is None and printed.profile is None
+            and printed.verb in _PROFILE_SUBJECT):
+        out.append("it names no profile, so it takes the bundled default profile; the run "
+                   "named a host alone, whose profile it does not know")
+    if run_dep is not None and (printed.verb in _ACTS or printed.verb == "validate") and \
+            not out and not placeholder:
         try:
             dep = deployment(printed)
         except LookupError as exc:

@@ -57,8 +57,15 @@ class Target:
 RUN: contextvars.ContextVar[Target | None] = contextvars.ContextVar("dsv4ctl_run", default=None)
 OPTIONS: contextvars.ContextVar[Mapping[str, frozenset[str]] | None] = contextvars.ContextVar(
     "dsv4ctl_options", default=None)
-# commands whose first operand is the profile (or a saved plan): -p would name it twice
+# The running command's verb (set by orchestrator.cli from its argv).
+VERB: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsv4ctl_verb", default=None)
+# commands whose first operand is the profile (or a saved plan): -p would name it twice; given
+# none, they take the bundled default profile
 _OPERAND_IS_PROFILE = frozenset({"validate", "plan", "render", "apply"})
+# commands that, given --host and no profile, act on that host alone (its releases): a command
+# they print that needs a profile cannot take the bundled default's, which is another deployment
+_HOST_ALONE = frozenset({"rollback", "history", "status", "unlock", "calibrate", "qualify"})
+PROFILE_PLACEHOLDER = "PROFILE"
 _TAKES_VALUE = frozenset({"-o", "--out", "-i", "--inventory", "--host", "-p", "--profile",
                           "--format", "-U", "--context", "--replace", "--git"})
 _COMMAND = re.compile(r"(?<![\w./\"-])dsv4ctl ((?:probe |calibrate )?[a-z]+)(?=[ `'\"]|$)"
@@ -111,10 +118,14 @@ def _has(rest: str, *flags: str) -> bool:
 
 
 def complete(text: str, target: Target | None = None,
-             options: Mapping[str, frozenset[str]] | None = None) -> str:
+             options: Mapping[str, frozenset[str]] | None = None,
+             run_verb: str | None = None) -> str:
     """``text`` with every ``dsv4ctl VERB ...`` command carrying the run's -p, -i and --host
-    (those the command has and does not name already)."""
+    (those the command has and does not name already). A run on a host named alone
+    (``status --host h``: :data:`_HOST_ALONE`) gives a command that needs a profile ``-p
+    PROFILE``, to be filled in, not the bundled default profile's (another deployment)."""
     target = target if target is not None else RUN.get()
+    run_verb = run_verb if run_verb is not None else VERB.get()
     options = options if options is not None else (OPTIONS.get() or {})
     if target is None or not target.args() or "dsv4ctl " not in text:
         return text
@@ -125,9 +136,14 @@ def complete(text: str, target: Target | None = None,
         if have is None:  # not a command (prose like "dsv4ctl run", "dsv4ctl sets ...")
             return m.group(0)
         add: list[str] = []
-        if (target.profile is not None and "-p" in have and not _has(rest, "-p", "--profile")
-                and not (verb in _OPERAND_IS_PROFILE and _operand(rest))):
+        named = _has(rest, "-p", "--profile") or (verb in _OPERAND_IS_PROFILE and _operand(rest))
+        if target.profile is not None and "-p" in have and not named:
             add += ["-p", str(target.profile)]
+        elif (target.profile is None and target.host is not None and run_verb in _HOST_ALONE
+              and verb in _OPERAND_IS_PROFILE and not named):
+            # a host named alone: its profile is not known here, and without -p the command
+            # would plan the bundled default profile onto the host
+            add += ["-p", PROFILE_PLACEHOLDER]
         if target.inventory is not None and "-i" in have and not _has(rest, "-i", "--inventory"):
             add += ["-i", str(target.inventory)]
         if target.host is not None and "--host" in have and not _has(rest, "--host"):

@@ -73,6 +73,18 @@ def test_another_profile_host_or_a_typo_fails(files: tuple[str, str, str], tmp_p
     assert "names profile" in reason
 
 
+def test_a_profile_placeholder_stands_only_for_what_the_run_did_not_name(
+        files: tuple[str, str, str]) -> None:
+    one, _, inv = files
+    alone = ["status", "-i", inv, "--host", "gpu-host"]
+    assert _reasons(f"dsv4ctl plan -p PROFILE -i {inv} --host gpu-host --live", alone) == []
+    [reason] = _reasons(f"dsv4ctl plan -i {inv} --host gpu-host --live", alone)
+    assert "bundled default profile" in reason  # another deployment on the host
+    [reason] = _reasons(f"dsv4ctl plan -p PROFILE -i {inv} --host gpu-host",
+                        ["status", "-p", one, "-i", inv, "--host", "gpu-host"])
+    assert "names profile PROFILE" in reason
+
+
 def test_quotations_synopses_and_prose_are_not_commands() -> None:
     text = ('host \'box\' is locked by another dsv4ctl run: ops@vm pid 7, running: '
             '"dsv4ctl apply other-plan.json"; fix: `dsv4ctl unlock --force --host box`\n'

@@ -110,3 +110,18 @@ def test_a_plans_documents_complete_their_fixes(tmp_path: Path,
     [fix] = [c["fix"] for c in doc["checks"] if c["id"] == "secrets.values-not-planned"]
     cmd = fix.split("`")[1]
     assert shlex.split(cmd) == ["dsv4ctl", "apply", "-p", str(new), "-i", str(inv)]
+
+
+def test_a_host_named_alone_gets_a_profile_placeholder_not_the_default_profile() -> None:
+    """`status --host h -i inv` (no profile: the host's own releases) printed `dsv4ctl plan -i
+    inv --host h --live`, which plans the bundled default profile onto the host: another
+    deployment. The profile is not known there, so the command says so."""
+    opts = _options()
+    alone = Target(None, Path("/p/inv.yaml"), "h")
+    line = "`dsv4ctl plan --live` now calibrates from the measurement"
+    out = complete(line, alone, opts, run_verb="status")
+    assert "`dsv4ctl plan -p PROFILE -i /p/inv.yaml --host h --live`" in out
+    # a run that itself took the default profile (apply, plan) prints the same default
+    assert "-p" not in complete(line, alone, opts, run_verb="apply")
+    # status's own commands act on the host alone: no profile needed
+    assert "-p" not in complete("see `dsv4ctl history`", alone, opts, run_verb="status")
