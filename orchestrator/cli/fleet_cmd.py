@@ -15,6 +15,7 @@ is the printing of a run's end (one host or a fleet, text or JSON) into its own 
 from __future__ import annotations
 
 import contextlib
+import shlex
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -331,8 +332,13 @@ def finish(result: Any, ops: Any, where: str | None, *, what: str, verb: str) ->
     if result.exit_code:
         kept = ("hosts not reached still serve their previous release" if verb == "Apply" else
                 "hosts not reached still serve the release they served")
+        # the journals that say why: the hosts that failed or were rolled back (else every
+        # host the run moved), each a command on its own, not a placeholder host NAME
+        stopped = [o.host for o in result.failed] or list(t.moved)
+        journals = ", ".join(f"`dsv4ctl history --host {shlex.quote(h)}`" for h in stopped)
         raise RolloutStopped(f"{what} stopped: {result.reason}", exit_code=result.exit_code,
-                             fix=f"see each host's journal (dsv4ctl history --host NAME); {kept}")
+                             fix=f"see the host's journal{'s' if len(stopped) > 1 else ''} "
+                                 f"({journals}); {kept}")
     moved = sum(o.state == "moved" for o in result.outcomes.values())
     if verb == "Apply":
         say(f"Rollout complete: {moved} host(s) moved, "

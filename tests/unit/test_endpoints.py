@@ -201,3 +201,26 @@ def test_fleet_status_ends_with_every_hosts_endpoints(monkeypatch: pytest.Monkey
     assert [(e["host"], e["url"]) for e in st["endpoints"]] == [
         ("router-1", "http://10.0.1.10:8000/v1"), ("gpu-a", "http://10.0.1.11:30000/v1"),
         ("gpu-b", "http://10.0.1.12:30000/v1")]
+
+
+def test_a_stopped_fleet_run_names_the_journals_to_read_not_a_placeholder_host(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The stop's fix said `dsv4ctl history --host NAME`: run as printed (completed with the
+    run's -p and -i), a host no fleet has. It names the host that was rolled back."""
+    from orchestrator.apply.fleet_ops import FleetOps, targets_of
+    from orchestrator.apply.rollout import HostOutcome, RolloutResult, RolloutStopped
+    from orchestrator.cli.fleet_cmd import finish
+
+    fleet, hosts = _fleet()
+    t = targets_of(fleet)
+    ops = FleetOps(t, hosts, {p.host: p for p in fleet.plans}, out=lambda _s: None,
+                   command="dsv4ctl apply fleet-3x.yaml")
+    states = {"gpu-a": "moved", "gpu-b": "rolled_back"}
+    result = RolloutResult(waves=[[h] for h in t.moved], stopped_after=1, reason="gpu-b failed",
+                           outcomes={h: HostOutcome(h, i, states.get(h, "not_reached"))
+                                     for i, h in enumerate(t.moved)})
+    with _format("text"), pytest.raises(RolloutStopped) as stop:
+        finish(result, ops, None, what="rollout of fleet-3x", verb="Apply")
+    capsys.readouterr()
+    assert "`dsv4ctl history --host gpu-b`" in (stop.value.fix or ""), stop.value.fix
+    assert "NAME" not in (stop.value.fix or "")
