@@ -9,6 +9,7 @@ role; the arithmetic is :mod:`orchestrator.planner.headroom`'s. Pure functions.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -101,7 +102,8 @@ def calibration_check(role: RoleDeployment, m: PoolMeasurement, model_tokens: in
     return text, check(
         "capacity.calibrated", "info", "KV pool calibrated from the host's engine",
         f"role {role.name}: {text}",
-        "reset with `dsv4ctl calibrate --host HOST --reset` to plan from the model alone",
+        f"reset with `dsv4ctl calibrate --host {shlex.quote(host)} --reset` to plan from the "
+        "model alone",
         subject=role.name, model_tokens=model_tokens, measured_tokens=m.measured_tokens,
         calibrated_tokens=s.max_total_num_tokens, calibration_bytes=u,
         engine_version=m.engine_version,

@@ -7,6 +7,8 @@ upstream links) and the pinned flag table; nothing is hard-coded for one engine 
 
 from __future__ import annotations
 
+import shlex
+
 from orchestrator.catalog import Catalog, EngineRules, ModelVariant
 from orchestrator.catalog.flags import (
     FlagProblem,
@@ -137,7 +139,8 @@ def _kernel_paths(dep: Deployment, gpu: HostGpu) -> list[Check]:
                 out.append(check(
                     "kernels.measurement-ignored", "warning",
                     "the stored kernel measurement does not apply", f"{role.name}: {p.measured}",
-                    "run `dsv4ctl qualify kernels --host HOST` with this profile",
+                    f"run `dsv4ctl qualify kernels --host {shlex.quote(dep.host)}` with this "
+                    "profile",
                     subject=role.name, field="kernels",
                     source="dsv4ctl qualify kernels (kernels-qualification.json on the host)"))
     return out

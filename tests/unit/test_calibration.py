@@ -115,6 +115,9 @@ def test_plan_predicts_the_measured_pool_within_one_percent_and_says_so() -> Non
     assert "KV pool of decode calibrated" in render_markdown(p1)
     ids = {(c.id, c.subject) for c in p1.checks}
     assert ("capacity.calibrated", "prefill") in ids and ("capacity.calibrated", "decode") in ids
+    # the reset it offers is of this host, runnable as printed (not `--host HOST`)
+    assert all("`dsv4ctl calibrate --host gpu-host --reset`" in (c.fix or "")
+               for c in p1.checks if c.id == "capacity.calibrated")
     # the term is a line of the memory arithmetic, and the rows still add up to the card
     ex = render_explain(p1)
     assert "calibration: measured on the host, not in the model" in ex and "= GPU capacity" in ex

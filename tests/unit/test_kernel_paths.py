@@ -111,6 +111,7 @@ def test_a_mismatched_measurement_is_ignored_and_the_plan_says_so(
     assert _paths(plan)[("decode", "attention")].path == "engine"
     (warn,) = [c for c in plan.checks if c.id == "kernels.measurement-ignored"]
     assert warn.severity == "warning" and said in warn.message and "ignored" in warn.message
+    assert f"`dsv4ctl qualify kernels --host {ctx.host_name}`" in (warn.fix or "")  # not HOST
 
 
 def test_flashinfer_unavailable_cannot_decide(tmp_path: Path) -> None:
