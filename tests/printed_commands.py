@@ -82,6 +82,7 @@ class Given:
     inventory: Path | None
     host: str | None
     flags: frozenset[str]
+    twice: str | None = None  # the profile given as the operand and as -p, differing
 
 
 class ParseError(Exception):
@@ -143,17 +144,22 @@ def _given(verb: str, cmd: Any, params: dict[str, Any]) -> Given:
             if o in ("-p", "-i", "--host"):
                 by_flag[o] = params.get(p.name)
     profile = by_flag.get("-p")
-    if profile is None and "-p" in by_flag:
-        # the subject as an operand (validate, plan, render, apply)
+    twice = None
+    if "-p" in by_flag:
+        # the subject as an operand (validate, plan, render, apply); given both ways and
+        # different, the command refuses to run (a usage error when it is invoked)
         for p in cmd.params:
             if isinstance(p, click.Argument) and isinstance(p.type, click.Path):
                 v = params.get(p.name)
-                profile = v[-1] if isinstance(v, tuple) and v else v if v else None
+                operand = v[-1] if isinstance(v, tuple) and v else v if v else None
+                if operand is not None and profile is not None and not _same(operand, profile):
+                    twice = f"{operand} and -p {profile}"
+                profile = profile if profile is not None else operand
                 break
     host = by_flag.get("--host") or params.get("old_host")
     return Given(verb, Path(profile) if profile else None,
                  Path(by_flag["-i"]) if by_flag.get("-i") else None, host,
-                 frozenset(by_flag))
+                 frozenset(by_flag), twice)
 
 
 def commands_in(text: str) -> Iterator[str]:
@@ -304,10 +310,14 @@ def check(command: str, printed_by: Sequence[str]) -> list[Violation]:
         printed = parse(words)
     except ParseError as exc:
         return [] if str(exc) == "help" else bad(f"it does not parse: {exc}")
+    if printed.twice:
+        return bad(f"it names the profile twice ({printed.twice}): the CLI refuses it")
     try:
         run = parse(argv)
     except ParseError:
         return []  # a run the CLI refused: it names no deployment to compare with
+    if run.twice:
+        return []  # so is a run that names it twice
     out: list[str] = []
     run_profile, _ = _plan_profile(run.profile) if run.profile else (None, False)
     if run_profile is not None and "-p" in printed.flags:

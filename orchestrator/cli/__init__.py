@@ -112,6 +112,7 @@ def _main(argv: Sequence[str] | None) -> int:
     rerun.RUN.set(None)
     rerun.OPTIONS.set(_options())
     words = list(argv) if argv is not None else sys.argv[1:]
+    rerun.ARGV.set(tuple(words))
     rerun.VERB.set(next((w for w in words if not w.startswith("-")), None))
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="dsv4ctl",

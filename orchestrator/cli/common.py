@@ -26,9 +26,15 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def command_line() -> str:
-    """The command as typed, for lock holders and records."""
-    return "dsv4ctl " + " ".join(sys.argv[1:]) if sys.argv else "dsv4ctl"
+def command_line(*extra: str) -> str:
+    """The command as typed (the words the CLI was given, shell-quoted: copied, it runs), for
+    lock holders, records and the command that repeats this run; ``extra`` words appended."""
+    import shlex
+
+    from orchestrator.cli.rerun import ARGV
+
+    words = ARGV.get()
+    return shlex.join(["dsv4ctl", *(words if words is not None else sys.argv[1:]), *extra])
 
 
 def is_plan_file(path: Path) -> bool:
@@ -47,8 +53,8 @@ def require_terminal(what: str) -> None:
     -auto-approve): a script or a pipe must say --yes on purpose."""
     if not sys.stdin.isatty():
         raise DsvError(f"{what} needs confirmation and stdin is not a terminal; nothing was changed",
-                       fix=f"run it from a terminal to answer the prompt, or pass --yes "
-                           f"(`dsv4ctl {what} ... --yes`) in scripts")
+                       fix=f"run it from a terminal to answer the prompt, or pass --yes in "
+                           f"scripts (`{command_line('--yes')}`)")
 
 
 def confirm(what: str, question: str) -> None:

@@ -57,7 +57,10 @@ class Target:
 RUN: contextvars.ContextVar[Target | None] = contextvars.ContextVar("dsv4ctl_run", default=None)
 OPTIONS: contextvars.ContextVar[Mapping[str, frozenset[str]] | None] = contextvars.ContextVar(
     "dsv4ctl_options", default=None)
-# The running command's verb (set by orchestrator.cli from its argv).
+# The running command's words (its argv, set by orchestrator.cli: main(argv) is the command,
+# not the embedding process's sys.argv) and its verb.
+ARGV: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("dsv4ctl_argv",
+                                                                              default=None)
 VERB: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsv4ctl_verb", default=None)
 # commands whose first operand is the profile (or a saved plan): -p would name it twice; given
 # none, they take the bundled default profile

@@ -91,7 +91,11 @@ def test_rollback_without_yes_refuses_when_stdin_is_not_a_terminal(
                         lambda *a, **k: pytest.fail("rollback ran with nobody to confirm"))
     inv = str(data_dir("profiles") / "inventory.yaml")
     assert main(["rollback", "--host", "gpu-host", "--inventory", inv]) == 1
-    assert "rollback needs confirmation and stdin is not a terminal" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "rollback needs confirmation and stdin is not a terminal" in err
+    # the command for scripts is this one with --yes, runnable as printed (it said `dsv4ctl
+    # rollback ... --yes`, whose `...` the completion turned into a release named '...')
+    assert f"(`dsv4ctl rollback --host gpu-host --inventory {inv} --yes`)" in err, err
 
 
 def test_rollback_with_yes_runs(monkeypatch: pytest.MonkeyPatch,

@@ -62,6 +62,9 @@ def test_another_profile_host_or_a_typo_fails(files: tuple[str, str, str], tmp_p
     assert "--host HOST" in reason
     [reason] = _reasons(f"dsv4ctl status -p {one} -i {inv} --host gpu-host --no-such", run)
     assert "does not parse" in reason
+    # an operand beside -p (a placeholder left in: `apply ... --yes`) is a usage error when run
+    [reason] = _reasons(f"dsv4ctl apply -p {one} -i {inv} --host gpu-host ... --yes", run)
+    assert "names the profile twice" in reason
     # a member the fleet does not have: resolving its targets refuses it
     frun = ["apply", "-p", fleet, "-i", inv, "--yes"]
     [reason] = _reasons(f"dsv4ctl apply -p {fleet} -i {inv} --host gpu-host --yes", frun)
