@@ -10,6 +10,7 @@ callers should not import from the owner.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -182,7 +183,8 @@ def profile_from_plan(plan: Plan) -> Profile:
         if f.path == "profile.yaml" and f.content is not None:
             return load_text(Profile, f.content, "plan:profile.yaml")
     raise StalePlan("the plan carries no profile.yaml (plan saved without file contents?)",
-                    fix="re-create it with `dsv4ctl plan --host NAME --live -o plan.json`")
+                    fix=f"re-create it with `dsv4ctl plan --host {shlex.quote(plan.host)} "
+                        "--live -o plan.json`")
 
 
 MAX_SECRET_BYTES = 64 * 1024

@@ -65,7 +65,7 @@ def stale_reason(plan: Plan, facts: Facts, host: Host, model_path: str | None) -
     if plan.facts_source != "probed":
         return ("the plan was made from the inventory's declared facts, not from the live host; "
                 "apply needs a plan made against the host "
-                "(`dsv4ctl plan PROFILE --live -o plan.json`)")
+                "(`dsv4ctl plan --live -o plan.json`, which carries the run's profile)")
     if plan.current_release != facts.current_release:
         return (f"the host's current release is {facts.current_release or 'none'}, the plan was "
                 f"made against {plan.current_release or 'none'}")

@@ -91,3 +91,38 @@ def test_a_new_pool_measurement_makes_it_stale_and_says_so() -> None:
     now = _facts(500 * GIB).model_copy(update={"calibration": [meas]})
     why = stale_reason(plan, now, _host(), None)
     assert why is not None and "calibration" in why and "re-plan" in why
+
+
+def test_a_plan_of_declared_facts_is_refused_with_a_command_runnable_as_printed(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The reason named `dsv4ctl plan PROFILE --live -o plan.json`: the completion of printed
+    commands took PROFILE for the profile given, so the command named a file called PROFILE
+    where the run (`apply plan.json`) knew its profile."""
+    from orchestrator.cli import _options
+    from orchestrator.cli.rerun import Target, complete
+    from tests.printed_commands import check, commands_in
+
+    ctx = load_context(PROFILES / "default.yaml", PROFILES / "inventory.yaml")
+    declared = declared_facts(ctx.host_name, ctx.host)
+    plan = plan_from_paths(PROFILES / "default.yaml", PROFILES / "inventory.yaml", facts=declared)
+    reason = stale_reason(plan, _facts(2000 * GIB), ctx.host, ctx.profile.model.path) or ""
+    assert "declared facts" in reason
+    inv = str(PROFILES / "inventory.yaml")
+    run = Target(PROFILES / "default.yaml", PROFILES / "inventory.yaml", "gpu-host")
+    [cmd] = commands_in(complete(reason, run, _options(), run_verb="apply"))
+    saved = tmp_path / "plan.json"
+    argv = ["apply", str(saved), "-i", inv, "--host", "gpu-host"]
+    saved.write_text('{"profile_path": "%s"}' % (PROFILES / "default.yaml"))
+    assert check(cmd, argv) == [], cmd
+
+
+def test_a_plan_without_its_profile_is_refused_naming_its_host() -> None:
+    import pytest
+
+    from orchestrator.apply.context import profile_from_plan
+    from orchestrator.errors import DsvError
+
+    plan = _plan(_facts(2000 * GIB)).model_copy(update={"files": []})
+    with pytest.raises(DsvError) as exc:
+        profile_from_plan(plan)
+    assert "`dsv4ctl plan --host gpu-host --live -o plan.json`" in (exc.value.fix or "")
