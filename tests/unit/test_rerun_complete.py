@@ -125,3 +125,19 @@ def test_a_host_named_alone_gets_a_profile_placeholder_not_the_default_profile()
     assert "-p" not in complete(line, alone, opts, run_verb="apply")
     # status's own commands act on the host alone: no profile needed
     assert "-p" not in complete("see `dsv4ctl history`", alone, opts, run_verb="status")
+
+
+def test_every_group_command_gets_the_runs_target() -> None:
+    """A group's commands (``qualify kernels``, ``calibrate ...``, ``probe ...``) are completed
+    like the top-level ones: `dsv4ctl qualify kernels` printed by a kernel-path check was left
+    bare, so run as printed it measured for the bundled default profile (found by the suite's
+    printed-command check in test_qualify_kernels)."""
+    opts = _options()
+    t = Target(profile=Path("p.yaml"), inventory=Path("inv.yaml"), host="h")
+    groups = sorted({verb for verb in opts if " " in verb})
+    assert "qualify kernels" in groups
+    for verb in groups:
+        if not {"-p", "-i", "--host"} <= opts[verb]:
+            continue
+        got = complete(f"re-run `dsv4ctl {verb}`", t, opts)
+        assert got == f"re-run `dsv4ctl {verb} -p p.yaml -i inv.yaml --host h`", verb
