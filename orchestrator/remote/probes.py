@@ -10,6 +10,10 @@ Every command is POSIX sh and quotes every path it is given, because paths come 
 inventories. A parser that meets output it does not understand raises :class:`RemoteError` with the
 offending line instead of guessing.
 
+Past ~400 lines: one command and one parser per fact, side by side, is the point of the module; the
+seam, when it grows again, is the batch runner (``batch_command``, ``parse_batch``, ``_Replay``) into
+a module of its own.
+
 Just past 400 lines: one small command-and-parser pair per fact (GPUs, disks, models, ports, units,
 current release, calibration) plus :func:`collect_facts` that runs them; each pair is
 independent, so the length is the number of facts, not one tangled function.
