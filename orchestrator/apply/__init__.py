@@ -90,14 +90,16 @@ def checked_profile(plan: Plan, host_name: str, host: Host, *, saved: bool) -> A
 
 
 def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: Out,
-                  command: str, saved: bool, remote: Any, fleet: tuple[Plan, ...] = ()) -> Any:
+                  command: str, saved: bool, remote: Any, fleet: tuple[Plan, ...] = (),
+                  fleet_lock: str | None = None) -> Any:
     """The prepare phase of one host's apply (:meth:`.executor.Runner.prepare`) over ``remote``
     (the driver's connection to the host), ``profile`` as :func:`checked_profile` gave it: a
     :class:`PreparedApply`, or the apply's Result when it ended there (no changes, or a prepare
     step failed with nothing serving changed). ``saved``: the plan came from a file, so it is
     checked for staleness against freshly probed facts (a plan made seconds ago in-process is
     not). ``fleet``: every host's plan of the fleet (the router host's Prometheus rules carry
-    every engine host's GPUs, :func:`orchestrator.monitoring.plan_rules_file`)."""
+    every engine host's GPUs, :func:`orchestrator.monitoring.plan_rules_file`). ``fleet_lock``:
+    the fleet lock the host lock is taken inside of (the fleet of one's)."""
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
 
@@ -105,7 +107,7 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: 
     done = True
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
-                      now=runner.now, command=command)
+                      now=runner.now, command=command, fleet_lock=fleet_lock)
         ctx.plan, ctx.saved_plan, ctx.fleet_plans = plan, saved, fleet
         ctx.deployment, ctx.profile = plan.deployment, profile
         res = runner.prepare(ctx)
@@ -190,16 +192,17 @@ def _publish_metrics(remote: Any, host: Host, profile: Any, out: Out) -> None:
 
 
 def rollback(host_name: str, host: Host, target: str | None, *, out: Out, command: str,
-             remote: Any) -> Any:
+             remote: Any, fleet_lock: str | None = None) -> Any:
     """One host back to ``target`` (None: the last healthy release before current) over
-    ``remote``, the driver's connection (:class:`.fleet_rollback.RollbackOps`)."""
+    ``remote``, the driver's connection (:class:`.fleet_rollback.RollbackOps`); ``fleet_lock``
+    as for :func:`prepare_apply`."""
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
 
     ctx: Any = None
     try:
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
-                      now=Runner(out).now, command=command)
+                      now=Runner(out).now, command=command, fleet_lock=fleet_lock)
         records = ctx.store.read_records()
         current = ctx.store.current()
         target = chosen_rollback_target(records, current, target, host_name)

@@ -74,6 +74,9 @@ class Context:
     store: ReleaseStore = field(init=False)
     svc: ServiceManager = field(init=False)
     lock: HostLock | None = None
+    # the fleet lock the host lock is taken inside of (HostLock outer=): the fleet of one's,
+    # which it takes with its host lock in one command (planner/targets.py Targets.fleet_lock)
+    fleet_lock: str | None = None
     record: ReleaseRecord | None = None
     persist: bool = False
     journal_prefix: str = ""

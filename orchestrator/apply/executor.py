@@ -176,7 +176,8 @@ def _reconnect(ctx: Context) -> bool:
         ctx.remote.close()
     try:
         ctx.remote.connect()
-        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command + " (recording)")
+        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command + " (recording)",
+                            outer=ctx.fleet_lock)
         ctx.lock.acquire()
         return True
     except DsvError as exc:
@@ -452,7 +453,7 @@ class Runner:
         host is as it was and the result says so (exit 1, not 4: issue 20 #4, #9)."""
         from orchestrator.remote.lock import HostLock
 
-        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
+        ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command, outer=ctx.fleet_lock)
         ctx.lock.acquire()
         try:
             reconcile(ctx)

@@ -111,14 +111,23 @@ class FleetOps:
                 self.remotes[host] = self._connect(host, self.hosts[host])
             return self.remotes[host]
 
+    @property
+    def inner_fleet_lock(self) -> str | None:
+        """The fleet lock a host's own lock is taken inside of: the fleet of one takes both in
+        its host lock's one command (``HostLock(outer=)``), the fleet lock first, so its
+        no-change apply stays one round trip after the probe. None for a fleet of many (its
+        fleet lock is held apart, :meth:`lock_fleet`)."""
+        return self.targets.fleet_lock if self.targets.single else None
+
     def lock_fleet(self) -> None:
         """The fleet lock, on the lock host, before any host lock: a second run of the same
-        profile is refused with the holder shown, as a second apply of one host is. A host named
-        without a profile knows no fleet: its host lock alone guards it."""
+        profile is refused with the holder shown, as a second apply of one host is. The fleet of
+        one takes it with its host lock (:attr:`inner_fleet_lock`); a host named without a
+        profile knows no fleet: its host lock alone guards it."""
         from orchestrator.remote.lock import HostLock
 
         name = self.targets.fleet_lock
-        if name is None:
+        if name is None or self.inner_fleet_lock is not None:
             return
         on = self.targets.lock_on
         self.fleet_lock = HostLock(self.remote(on), self.hosts[on].install_root, self.command,
@@ -196,7 +205,8 @@ class FleetOps:
         res = prepare_apply(self.plans[host], host, self.hosts[host],
                             profile=self.profiles[host], out=self.say(host),
                             command=self.command, saved=self.saved, remote=self.remote(host),
-                            fleet=tuple(self.plans[h] for h in sorted(self.plans)))
+                            fleet=tuple(self.plans[h] for h in sorted(self.plans)),
+                            fleet_lock=self.inner_fleet_lock)
         if isinstance(res, PreparedApply):
             with self._lock:
                 self.prepared[host] = res

@@ -105,7 +105,7 @@ class RollbackOps(FleetOps):
 
         target = self.targets_of[host]
         res = rollback(host, self.hosts[host], target, out=self.say(host), command=self.command,
-                       remote=self.remote(host))
+                       remote=self.remote(host), fleet_lock=self.inner_fleet_lock)
         self.results[host] = res
         self.releases[host] = res.rolled_back_to
         if res.status != "healthy":

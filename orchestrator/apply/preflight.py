@@ -191,9 +191,10 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     if ctx.saved_plan:
         ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
     batch = Batch(ahead)
-    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command)
+    ctx.lock = HostLock(ctx.remote, ctx.host.install_root, ctx.command, outer=ctx.fleet_lock)
     out = ctx.lock.acquire(then=batch.script)
-    ctx.out(f"  host lock taken ({ctx.host.install_root}/.dsv4ctl.lock)")
+    ctx.out(f"  {'fleet lock, then host lock' if ctx.fleet_lock else 'host lock'} taken "
+            f"({ctx.host.install_root}/.dsv4ctl.lock)")
     with prefetched(ctx, batch.results(out)) as shell:
         return _preflight_reads(ctx, plan, shell, probe_token)
 

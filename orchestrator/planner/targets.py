@@ -48,10 +48,10 @@ class Targets:
 
     @property
     def fleet_lock(self) -> str | None:
-        """The fleet lock's name: a run takes it before any host's own lock. The fleet of one
-        has none of its own: its host's lock guards exactly the hosts a fleet lock would (and a
-        no-change apply stays one round trip after the probe)."""
-        if self.single or not self.profile_name:
+        """The fleet lock's name: a run takes it before any host's own lock, the fleet of one
+        too (with its host lock, in one command: ``HostLock(outer=)``). None for a host named
+        without a profile: no fleet is known, its host lock alone guards it."""
+        if not self.profile_name:
             return None
         return fleet_lock_name(self.profile_name)
 

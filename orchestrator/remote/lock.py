@@ -33,6 +33,7 @@ from orchestrator.remote.connection import RemoteHost
 LOCK_NAME = ".dsv4ctl.lock"
 INFO_NAME = ".dsv4ctl.lock.info"
 REFUSED_RC = 75  # flock -E: "lock held", distinct from real errors
+OUTER_REFUSED_RC = 76  # the same for the outer lock a fleet of one takes first (HostLock outer=)
 _END = "@@dsv4-lock-then-done"  # ends the output of acquire(then=...)
 
 
@@ -110,15 +111,37 @@ def is_locked(remote: RemoteHost, install_root: str, name: str = LOCK_NAME) -> b
     return False
 
 
+def _write_info(info: str, pid: str, payload: str) -> str:
+    """Shell (under the hostfs prelude, umask 077 and noclobber) that writes a holder-info file
+    naming ``pid``: never through a planted link (issue 19): refuse one, and create the temp file
+    exclusively (noclobber: O_EXCL) so nothing can slip in between check and write."""
+    tmp = shlex.quote(info + ".tmp")
+    return (f"dsv4_nolink {tmp}; dsv4_nolink {shlex.quote(info)}; rm -f {tmp}; "
+            f"printf '%s\\n%s\\n' \"{pid}\" {shlex.quote(payload)} > {tmp} && "
+            f"mv -fT {tmp} {shlex.quote(info)}; ")
+
+
+def _tidy_info(info: str, pid: str) -> str:
+    """Shell that removes a holder-info file if it still names ``pid`` (ours)."""
+    q = shlex.quote(info)
+    return f"[ \"$(head -n 1 {q} 2>/dev/null)\" = \"{pid}\" ] && rm -f {q}; "
+
+
 class HostLock:
-    """Acquire with :meth:`acquire`; :meth:`release` (or the connection dying) frees it."""
+    """Acquire with :meth:`acquire`; :meth:`release` (or the connection dying) frees it.
+
+    ``outer``: another lock's file name under the same install root, taken first and in the same
+    command (``flock OUTER flock LOCK ...``), held and freed with this one. The fleet of one takes
+    its fleet lock so, then its host lock: the lock protocol of every fleet (issue 30) at no extra
+    round trip. A refusal of either names that lock's own holder."""
 
     def __init__(self, remote: RemoteHost, install_root: str, command: str, *,
-                 name: str = LOCK_NAME) -> None:
+                 name: str = LOCK_NAME, outer: str | None = None) -> None:
         self.remote = remote
         self.install_root = install_root
         self.command = command
         self.name = name  # LOCK_NAME, or a fleet lock's file name (orchestrator/apply/fleet_ops)
+        self.outer = outer
         self._chan: paramiko.Channel | None = None
         self.remote_pid: int | None = None
 
@@ -126,14 +149,16 @@ class HostLock:
         lock, info = lock_paths(self.install_root, self.name)
         payload = json.dumps(holder_info(self.command), sort_keys=True)
         # Runs as the child of flock (-o: only flock itself holds the lock fd, so ending flock's
-        # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid.
-        tmp = shlex.quote(info + ".tmp")
+        # pid - what `unlock --force` does - frees the lock). $PPID is flock's pid; with an
+        # outer lock, its flock is the parent of ours (read from /proc with builtins: no fork).
+        outer_info = lock_paths(self.install_root, self.outer)[1] if self.outer else None
         inner = (
-            # never through a planted link (issue 19): refuse one, and create the temp file
-            # exclusively (noclobber: O_EXCL) so nothing can slip in between check and write
-            f"{hostfs.PRELUDE}\ndsv4_nolink {tmp}; dsv4_nolink {shlex.quote(info)}; rm -f {tmp}; "
-            f"dsv4_um=$(umask); umask 077; set -C; printf '%s\\n%s\\n' \"$PPID\" {shlex.quote(payload)} "
-            f"> {tmp} && mv -fT {tmp} {shlex.quote(info)}; echo LOCKED $PPID; "
+            f"{hostfs.PRELUDE}\ndsv4_um=$(umask); umask 077; set -C; "
+            + _write_info(info, "$PPID", payload)
+            + ("dsv4_op=; while read -r k v; do [ \"$k\" = PPid: ] && dsv4_op=$v && break; "
+               "done < /proc/$PPID/status; " + _write_info(outer_info, "$dsv4_op", payload)
+               if outer_info else "")
+            + "echo LOCKED $PPID; "
             # what the caller reads under the lock, in this same round trip (issue 20 #10): in a
             # subshell (its `exit` never ends the holder) with the session's umask and clobbering
             + (f"( set +C; umask \"$dsv4_um\"; {then}\n) </dev/null; "
@@ -141,11 +166,17 @@ class HostLock:
             +
             # hold until our stdin closes (release, exit or dropped connection), then tidy up the
             # info file if it is still ours
-            f"cat >/dev/null; [ \"$(head -n 1 {shlex.quote(info)} 2>/dev/null)\" = \"$PPID\" ] "
-            f"&& rm -f {shlex.quote(info)}; exit 0"
+            "cat >/dev/null; " + _tidy_info(info, "$PPID")
+            + (_tidy_info(outer_info, "$dsv4_op") if outer_info else "") + "exit 0"
         )
+        take = f"flock -n -o -E {REFUSED_RC} {shlex.quote(lock)} sh -c {shlex.quote(inner)}"
+        if self.outer:
+            outer_lock = shlex.quote(lock_paths(self.install_root, self.outer)[0])
+            return (f"{hostfs.check_root(self.install_root)}\ndsv4_nolink {shlex.quote(lock)}; "
+                    f"dsv4_nolink {outer_lock}\n"
+                    f"exec flock -n -o -E {OUTER_REFUSED_RC} {outer_lock} {take}")
         return (f"{hostfs.check_root(self.install_root)}\ndsv4_nolink {shlex.quote(lock)}\n"
-                f"exec flock -n -o -E {REFUSED_RC} {shlex.quote(lock)} sh -c {shlex.quote(inner)}")
+                f"exec {take}")
 
     def acquire(self, timeout: float = 30.0, *, then: str | None = None,
                 then_timeout: float = 300.0) -> str:
@@ -178,13 +209,15 @@ class HostLock:
         rc = chan.recv_exit_status()
         err = chan.recv_stderr(4096).decode(errors="replace").strip()
         chan.close()
-        if rc == REFUSED_RC:
-            # the holder of this lock (a fleet lock has its own info file beside the host's)
-            holder = read_holder(self.remote, self.install_root, self.name)
+        if rc == REFUSED_RC or (rc == OUTER_REFUSED_RC and self.outer):
+            # the holder of the refused lock (a fleet lock has its own info file beside the
+            # host's)
+            name = self.outer if rc == OUTER_REFUSED_RC and self.outer else self.name
+            holder = read_holder(self.remote, self.install_root, name)
             who = holder.describe() if holder else "unknown holder (no info file)"
-            if self.name != LOCK_NAME:
+            if name != LOCK_NAME:
                 raise LockHeld(
-                    f"the lock {self.name} on host '{self.remote.name}' is held by another "
+                    f"the lock {name} on host '{self.remote.name}' is held by another "
                     f"dsv4ctl run: {who}",
                     fix="wait for that run to finish; the lock is freed when it ends or its SSH "
                         "connection drops",

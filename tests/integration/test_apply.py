@@ -429,6 +429,41 @@ def test_concurrent_apply_refused_with_holder_shown(env: Env,
         time.sleep(0.2)
 
 
+
+def test_the_fleet_of_one_takes_the_fleet_lock_then_its_host_lock(
+        env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30: one lock protocol for one host or many. A one-host profile's apply takes its
+    fleet lock (in its host lock's own command), so a run holding that fleet lock refuses it with
+    the holder shown, and `unlock -p PROFILE` shows and frees the fleet lock, then the host's."""
+    from orchestrator.planner.targets import fleet_lock_name
+    from orchestrator.remote.connection import connect
+    from orchestrator.remote.lock import HostLock
+
+    r1 = first_release(env)
+    prof = decode_knob(env, 32)
+    path = env.profile_file(prof, "one-host.yaml")
+    name = fleet_lock_name(prof.name)
+    with connect(env.host_name, env.host) as remote:
+        lock = HostLock(remote, ROOT, "dsv4ctl apply held-fleet.yaml", name=name)
+        lock.acquire()
+        assert env.lock_free()  # only the fleet lock is held
+        capsys.readouterr()
+        assert env.cli("apply", str(path)) == ExitCode.LOCKED
+        err = " ".join(capsys.readouterr().err.split())
+        assert name in err and "held-fleet.yaml" in err, err
+        assert env.cli("unlock", "-p", str(path)) == ExitCode.LOCKED
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"fleet {prof.name} (its lock on host 'h') is locked by" in out, out
+        assert "held-fleet.yaml" in out and "host 'h' is not locked" in out, out
+        assert env.cli("unlock", "-p", str(path), "--force") == 0
+        lock.release()
+    assert env.current() == r1 and env.releases() == [r1]  # the refused apply changed nothing
+    # once free, the same apply runs, and leaves both locks free
+    assert env.cli("apply", str(path)) == 0, capsys.readouterr()
+    assert env.current() != r1 and env.lock_free()
+    assert env.fake.exec(f"flock -n {ROOT}/{name} true").returncode == 0
+
+
 HOLD_LOCK = """
 import sys, time
 from orchestrator.profile.inventory import Host

@@ -41,7 +41,7 @@ class FakeRemote:
 class FakeLock:
     taken: ClassVar[list[str]] = []
 
-    def __init__(self, remote: Any, root: str, command: str) -> None:
+    def __init__(self, remote: Any, root: str, command: str, *, outer: str | None = None) -> None:
         self.command = command
         self.held = False
 
@@ -56,7 +56,7 @@ class FakeLock:
 def ctx(remote: FakeRemote) -> Any:
     old_lock = SimpleNamespace(held=True, release=lambda: None)
     return SimpleNamespace(remote=remote, lock=old_lock, host=SimpleNamespace(install_root="/x"),
-                           command="dsv4ctl apply", out=lambda line: None)
+                           command="dsv4ctl apply", out=lambda line: None, fleet_lock=None)
 
 
 @pytest.fixture(autouse=True)

@@ -83,7 +83,8 @@ def test_the_fleet_of_one_drains_nothing() -> None:
     host (or fronting several) drains."""
     assert not one_host("h", "p", router=True).drain
     assert not one_host("h", "p").drain and one_host("h").fleet_lock is None
-    assert one_host("h", "p").fleet_lock is None  # its host lock guards the same host
+    # the fleet of one has its fleet lock too (taken with its host lock: test_fleet_lock.py)
+    assert one_host("h", "p").fleet_lock == ".dsv4ctl-fleet-p.lock"
     assert one_host("h", "p", router=True).single
     assert resolve_targets("p", ["gpu-a"], "router-1", "router-1").drain
     assert resolve_targets("p", ["gpu-a", "gpu-b"], "gpu-a", None).drain
