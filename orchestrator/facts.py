@@ -175,7 +175,9 @@ class Facts(_Frozen):
         changed. Apply compares free space with what the plan needs instead
         (``apply.preflight.stale_reason``)."""
         data = self.model_dump(mode="json")
-        del data["engine_env"]  # apply re-checks it on the host, under the lock (preflight)
+        # apply checks it itself: preflight (the run's own probe, or under the lock for a saved
+        # plan) and the kernels step again, right before it runs the env's python
+        del data["engine_env"]
         del data["connection"]  # apply compares the machine itself (preflight.check_target)
         if not data["calibration"]:
             del data["calibration"]  # uncalibrated hosts keep the fingerprints they always had

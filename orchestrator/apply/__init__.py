@@ -91,7 +91,7 @@ def checked_profile(plan: Plan, host_name: str, host: Host, *, saved: bool) -> A
 
 def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: Out,
                   command: str, saved: bool, remote: Any, fleet: tuple[Plan, ...] = (),
-                  fleet_lock: str | None = None) -> Any:
+                  fleet_lock: str | None = None, probed: Any = None) -> Any:
     """The prepare phase of one host's apply (:meth:`.executor.Runner.prepare`) over ``remote``
     (the driver's connection to the host), ``profile`` as :func:`checked_profile` gave it: a
     :class:`PreparedApply`, or the apply's Result when it ended there (no changes, or a prepare
@@ -99,7 +99,9 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: 
     checked for staleness against freshly probed facts (a plan made seconds ago in-process is
     not). ``fleet``: every host's plan of the fleet (the router host's Prometheus rules carry
     every engine host's GPUs, :func:`orchestrator.monitoring.plan_rules_file`). ``fleet_lock``:
-    the fleet lock the host lock is taken inside of (the fleet of one's)."""
+    the fleet lock the host lock is taken inside of (the fleet of one's). ``probed``: the facts
+    this run's probe read over ``remote`` (a profile's apply), which preflight uses for what it
+    would otherwise read a second time (:func:`.preflight.preflight`)."""
     from orchestrator.apply.context import Context
     from orchestrator.apply.executor import Runner
 
@@ -109,6 +111,7 @@ def prepare_apply(plan: Plan, host_name: str, host: Host, *, profile: Any, out: 
         ctx = Context(remote=remote, host_name=host_name, host=host, out=out,
                       now=runner.now, command=command, fleet_lock=fleet_lock)
         ctx.plan, ctx.saved_plan, ctx.fleet_plans = plan, saved, fleet
+        ctx.probed = None if saved else probed
         ctx.deployment, ctx.profile = plan.deployment, profile
         res = runner.prepare(ctx)
         if res is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.deployment import Deployment
 from orchestrator.errors import DsvError, StalePlan
+from orchestrator.facts import Facts
 from orchestrator.planner.transition import (
     ROLE_ORDER,
     ReleaseFile,
@@ -77,6 +78,9 @@ class Context:
     # the fleet lock the host lock is taken inside of (HostLock outer=): the fleet of one's,
     # which it takes with its host lock in one command (planner/targets.py Targets.fleet_lock)
     fleet_lock: str | None = None
+    # the facts this run's probe read over ``remote`` a moment before (a profile's apply; None
+    # for a saved plan, which preflight probes again under the lock)
+    probed: Facts | None = None
     record: ReleaseRecord | None = None
     persist: bool = False
     journal_prefix: str = ""

@@ -79,6 +79,8 @@ class FleetOps:
         self.router_up = False  # set by check_router: False on the first rollout (no router yet)
         self._connect = connect
         self.remotes: dict[str, Any] = dict(remotes or {})
+        # each host's facts as this run's probe read them over that connection (apply_fleet)
+        self.facts: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.fleet_lock: Any = None
         on = targets.router_on
@@ -206,7 +208,8 @@ class FleetOps:
                             profile=self.profiles[host], out=self.say(host),
                             command=self.command, saved=self.saved, remote=self.remote(host),
                             fleet=tuple(self.plans[h] for h in sorted(self.plans)),
-                            fleet_lock=self.inner_fleet_lock)
+                            fleet_lock=self.inner_fleet_lock,
+                            probed=None if self.saved else self.facts.get(host))
         if isinstance(res, PreparedApply):
             with self._lock:
                 self.prepared[host] = res
@@ -445,10 +448,13 @@ class FleetOps:
 
 def apply_fleet(targets: Targets, hosts: Mapping[str, Host], plans: Mapping[str, Plan],
                 strategy: Any, *, out: Out, command: str, saved: bool,
-                remotes: Mapping[str, Any] | None = None) -> tuple[Any, FleetOps, str | None]:
+                remotes: Mapping[str, Any] | None = None, facts: Mapping[str, Any] | None = None
+                ) -> tuple[Any, FleetOps, str | None]:
     """Apply the plans to the targets (one host or many) through :func:`drive`; returns the
-    result, the ops (each host's own result) and where the fleet's journal was written."""
+    result, the ops (each host's own result) and where the fleet's journal was written.
+    ``facts``: each host's facts, probed for this run over its connection in ``remotes``."""
     ops = FleetOps(targets, hosts, plans, out=out, command=command, saved=saved, remotes=remotes)
+    ops.facts = dict(facts or {})
     result, where = drive(ops, strategy, out=out)
     return result, ops, where
 

@@ -183,11 +183,22 @@ def preflight(ctx: Context, step: Any) -> Outcome:
              ctx.store.secrets_digest_command(ctx.deployment.name)]
     if plan.current_release is not None:
         ahead.append(ctx.store.read_files_command(plan.current_release, list(RELEASE_META)))
-    ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope),
-                               ctx.host.scope))
-    # the engine env's trust walk, under the lock (require_engine_env below reads its answer
-    # from this batch): its own round trip cost a no-change apply ~0.4 s (issue 30)
-    ahead.append(engine_env_command(ctx.deployment.engine_env))
+    # The drift read and the engine env's trust walk, each once per run (issue 30: read twice,
+    # they cost a no-change apply ~0.3 s, the drift read a python3 on the host). A saved plan
+    # reads drift in its re-probe below and the env here; a profile's apply has both from the
+    # probe this run made over this connection a moment ago (ctx.probed). Read again here, they
+    # would guard against nothing more: another dsv4ctl run changes the host only under this lock and through
+    # `current`, the records and the units, which are all read again below; an edit outside
+    # dsv4ctl can land after any read, under the lock or not.
+    probed = None if ctx.saved_plan else ctx.probed
+    if not ctx.saved_plan and probed is None:
+        ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope),
+                                   ctx.host.scope))
+    if (probed is None or probed.engine_env is None
+            or probed.engine_env.path != ctx.deployment.engine_env):
+        # under the lock, in this batch (require_engine_env below reads its answer from it): its
+        # own round trip cost a no-change apply ~0.4 s (issue 30)
+        ahead.append(engine_env_command(ctx.deployment.engine_env))
     if ctx.saved_plan:
         ahead.append(facts_command(ctx.host, [ctx.deployment.model_path], probe_token))
     batch = Batch(ahead)
@@ -200,16 +211,23 @@ def preflight(ctx: Context, step: Any) -> Outcome:
 
 
 def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> Outcome:
-    from orchestrator.remote.probes import collect_facts, require_engine_env
+    from orchestrator.remote.probes import collect_facts, refuse_untrusted_env, require_engine_env
 
     assert ctx.deployment is not None
-    # before anything runs from it (issue 31): the kernels step runs its python as the deploying
-    # user, the units as the service user
-    require_engine_env(shell, ctx.deployment.engine_env, ctx.host_name)
+    facts = None if ctx.saved_plan else ctx.probed
     if ctx.saved_plan:
         ctx.out("  probing the host to check the saved plan is still current")
         facts = collect_facts(shell, ctx.host_name, ctx.host,
                               model_paths=[ctx.deployment.model_path], token=probe_token)
+    # before anything runs from it (issue 31): the kernels step runs its python as the deploying
+    # user, the units as the service user
+    env = ctx.deployment.engine_env
+    if facts is not None and facts.engine_env is not None and facts.engine_env.path == env:
+        refuse_untrusted_env(facts.engine_env, ctx.host_name)
+    else:
+        require_engine_env(shell, env, ctx.host_name)
+    if ctx.saved_plan:
+        assert facts is not None
         why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
         if why:
             if plan.current_release == facts.current_release:
@@ -231,8 +249,11 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
     # what was changed on the host outside dsv4ctl: the plan lists it as actions (the same probe,
     # planner.transition's ``outside``), so apply repairs it with the restarts it implies
     # and the command lines the units run (the drift probe's too), compared with the target's
-    ctx.drift, ctx.running = probe_drift(shell, ctx.host.install_root,
-                                         unit_dir_expr(ctx.host.scope), ctx.host.scope)
+    if facts is not None:  # the saved plan's re-probe, or this run's probe (preflight)
+        ctx.drift, ctx.running = dict(facts.drift), dict(facts.running)
+    else:
+        ctx.drift, ctx.running = probe_drift(shell, ctx.host.install_root,
+                                             unit_dir_expr(ctx.host.scope), ctx.host.scope)
     if current is not None and RELEASE_DIR not in ctx.drift:
         ctx.from_files, ctx.from_deployment, _ = load_release(ctx.store, current)
     ctx.actions = _transition(ctx)

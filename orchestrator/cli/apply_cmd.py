@@ -84,7 +84,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
             f"max_unavailable {s.max_unavailable}, max_failures {s.max_failures})")
     result, ops, where = apply_fleet(t, run.hosts, run.plans, strategy_of(run.profile),
                                      out=say, command=command_line(), saved=run.saved,
-                                     remotes=run.remotes)
+                                     remotes=run.remotes, facts=run.facts)
     return finish(result, ops, where, what=f"rollout of {t.profile_name}", verb="Apply")
 
 

@@ -62,6 +62,9 @@ class Run:
     saved: bool
     fleet: Any = None  # the FleetPlan shown (the moved hosts' plans)
     remotes: dict[str, Any] = field(default_factory=dict)
+    # each probed host's facts, read over its connection in ``remotes`` for this very run
+    # (a profile's run; a saved plan's are probed again under the lock)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         """Close the probe's connections when the run does not start (an error, a "no")."""
@@ -172,6 +175,7 @@ def planned_run(path: Path, inventory: Path | None, selector: str | None) -> Run
     run = Run(targets, hosts, {}, fctx.profile, False, remotes=remotes)
     try:
         facts = probe_fleet(fctx, gather, only=tuple(need))
+        run.facts = dict(facts)
         fleet = plan_fleet(fctx, facts)
         run.plans = {p.host: p for p in fleet.plans}
         shown = fleet if not targets.selected else fleet.model_copy(

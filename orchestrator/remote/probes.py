@@ -580,11 +580,16 @@ def engine_env_command(env: str) -> str:
 def require_engine_env(shell: Shell, env: str, host_name: str) -> None:
     """Raise :class:`RemoteError` unless the engine environment passes its check: called before
     anything runs from it (apply's and rollback's preflight, the kernels step)."""
-    fact = probe_engine_env(shell, env)
+    refuse_untrusted_env(probe_engine_env(shell, env), host_name)
+
+
+def refuse_untrusted_env(fact: EngineEnvFact, host_name: str) -> None:
+    """Raise :class:`RemoteError` unless ``fact`` (the engine environment's check, as probed) says
+    the environment passed."""
     if fact.problem is not None:
         raise RemoteError(
-            f"dsv4ctl runs nothing from the engine environment {env} on host '{host_name}': "
-            f"{fact.problem}",
+            f"dsv4ctl runs nothing from the engine environment {fact.path} on host "
+            f"'{host_name}': {fact.problem}",
             fix="give the environment (and every directory above it) to root or the deploying "
                 "user and chmod go-w it, or point engine.env at one that is; nothing was changed "
                 "by this step")
