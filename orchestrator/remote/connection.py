@@ -171,16 +171,22 @@ def die_with_channel(command: str) -> str:
     """``command`` run so that it ends when its SSH channel closes (issue 31: a remote command kept
     writing 66 GB after dsv4ctl was killed; sshd signals nothing without a terminal).
 
-    The command runs in a session and process group of its own (``setsid``; with the login shell,
-    as before), its stdin /dev/null; a watcher in a second group reads the channel's stdin, which
-    stays open until dsv4ctl closes the channel or its connection drops, and then ends the
-    command's whole group. The wrapper exits with the command's status and ends the watcher."""
+    The command runs in a session and process group of its own (``setsid``), its stdin
+    /dev/null; a watcher in a second group reads the channel's stdin, which stays open until
+    dsv4ctl closes the channel or its connection drops, and then ends the command's whole group.
+    The wrapper exits with the command's status and ends the watcher.
+
+    The wrapper itself runs in the login shell, as sshd starts it, so the command gets the
+    environment the user's shell start-up exports (PATH); the command then runs in ``/bin/sh``
+    (dsv4ctl's commands are POSIX sh). Not ``$SHELL`` again: bash run under sshd reads
+    ``~/.bashrc`` a second time, and a host's ``pyenv init`` or ``conda`` hook there cost every
+    command ~0.1 s, a no-change apply a third of its time (issue 30)."""
     import shlex
 
     # POSIX gives an asynchronous list /dev/null as stdin unless it is redirected explicitly:
     # the watcher gets the channel's stdin through fd 3
     return (f"dsv4_cmd={shlex.quote(command)}; exec 3<&0; "
-            'setsid "${SHELL:-/bin/sh}" -c "$dsv4_cmd" </dev/null 3<&- & dsv4_c=$!; '
+            'setsid /bin/sh -c "$dsv4_cmd" </dev/null 3<&- & dsv4_c=$!; '
             "setsid sh -c 'cat >/dev/null; kill -TERM -\"$1\" 2>/dev/null' sh \"$dsv4_c\" "
             "<&3 >/dev/null 2>&1 3<&- & dsv4_w=$!; exec 3<&-; "
             'wait "$dsv4_c"; dsv4_rc=$?; kill -TERM -"$dsv4_w" 2>/dev/null; exit "$dsv4_rc"')
