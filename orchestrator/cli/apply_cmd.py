@@ -56,7 +56,7 @@ def apply(source: Path | None, inventory: Path | None, host_name: str | None, ye
     healthy release by itself. An apply without changes restarts nothing.
 
     One host is a fleet of one: the same run as a fleet's (the fleet lock, then each host's
-    lock, the fleet of one's host lock being its fleet lock; one SSH connection per host, the
+    lock, which the fleet of one takes in one command; one SSH connection per host, the
     probe's). A fleet (a profile whose hosts: names a group or a list) rolls out wave by wave
     behind its router, each engine host drained first and put back after. --host NAME narrows
     the run to that member, or to an inventory group of members; for a one-host profile it
