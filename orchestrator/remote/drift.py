@@ -94,7 +94,10 @@ def drift_command(install_root: str, unit_dir: str, scope: str) -> str:
     file), ``release`` (the directory ``current`` points at); and one ``cmdline<TAB>units/UNIT
     <TAB>JSON words`` line per running unit of the release. ``unit_dir``: the shell expression
     of the unit directory (``probes.unit_dir_expr``); ``scope``: ``user`` or ``system``."""
-    return (f"python3 -c {shlex.quote(_SCRIPT)} {shlex.quote(install_root.rstrip('/'))} "
+    # -I: no PYTHON* variables, no user site and no working directory (the SSH session's is
+    # $HOME) on the module path; -S: no site import, which the stdlib-only script does not need
+    # and which is most of a bare interpreter's start-up
+    return (f"python3 -I -S -c {shlex.quote(_SCRIPT)} {shlex.quote(install_root.rstrip('/'))} "
             f"{unit_dir} {shlex.quote(scope)}")
 
 
