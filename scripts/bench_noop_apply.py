@@ -9,12 +9,19 @@ how many SSH connections and commands (round trips) it made. Python's bytecode i
 temp dir) as for an installed dsv4ctl. Nothing is asserted: the target (<= 1.0 s median) is read
 off the table.
 
+With ``--baseline REV`` it also times the dsv4ctl of another revision (a worktree of it, against a
+second fake host), run by run interleaved with this tree's, and prints this tree's median over
+the baseline's: on a machine whose speed drifts from minute to minute (a shared VM), the ratio of
+one interleaved run is the comparison that holds, not two medians taken minutes apart.
+
     sudo .venv/bin/python scripts/bench_noop_apply.py --runs 7
+    sudo .venv/bin/python scripts/bench_noop_apply.py --runs 9 --baseline 661fcb8 --trace
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -53,9 +60,88 @@ entrypoint()
 """
 
 
+DSV4CTL = [sys.executable, "-c", "from orchestrator.cli import entrypoint; entrypoint()"]
+
+
+class Tree:
+    """One checkout whose dsv4ctl is timed, against a fake host of its own (its records, its
+    releases): this repository, or the ``--baseline`` revision's worktree."""
+
+    def __init__(self, label: str, root: Path, tmp: Path, host: object) -> None:
+        self.label, self.root, self.host = label, root, host
+        self.dir = tmp / label.replace(" ", "-")
+        self.dir.mkdir()
+        # bytecode cached as an installed dsv4ctl has it (pip compiles it at install): kept in
+        # the temp dir, written by the first, untimed apply; without it (PYTHONDONTWRITEBYTECODE=1,
+        # as in this repository's dev shells) every run compiles each module again
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        self.env.update(PYTHONPATH=f"{root}:{root / 'kernels'}",
+                        PYTHONPYCACHEPREFIX=str(self.dir / "pycache"))
+        self.inventory = self.dir / "inventory.yaml"
+        self.profile = self.dir / "profile.yaml"
+        self.plan = self.dir / "plan.json"
+
+    def setup(self) -> None:
+        """The host's model index, this tree's own test profile, a first release, a saved plan."""
+        import yaml
+
+        # the profile as this tree's integration tests write it (a baseline may predate a field)
+        got = subprocess.run(
+            [sys.executable, "-c", "import json, yaml; from tests.integration.test_apply import "
+             "MODEL, ROOT, TOTAL_SIZE, profile_dict; print(json.dumps([MODEL, ROOT, TOTAL_SIZE]))"
+             "; print(yaml.safe_dump(profile_dict()))"],
+            env=self.env, cwd=self.root, capture_output=True, text=True, check=True).stdout
+        first, _, text = got.partition("\n")
+        model, root, total = json.loads(first)
+        self.profile.write_text(text)
+        h = self.host
+        h.exec(f"mkdir -p {model} && printf '%s' '{{\"metadata\": {{\"total_size\": "
+               f"{total}}}, \"weight_map\": {{}}}}' > {model}/model.safetensors.index.json",
+               check=True)
+        inv = h.inventory_dict()
+        self.inventory.write_text(yaml.safe_dump({"apiVersion": "dsv4ctl/v1", "hosts": {"h": {
+            "address": inv["address"], "port": inv["port"], "user": inv["user"],
+            "key": inv["key"], "known_hosts": inv["known_hosts"], "scope": "user",
+            "install_root": root, "connect_timeout_s": 5,
+            "gpus": {"model": "rtx-pro-6000-se", "count": 8}}}}))
+        self.run("apply", str(self.profile), "--yes")  # the first release
+        self.run("plan", str(self.profile), "--host", "h", "--live", "-o", str(self.plan))
+
+    def argv(self, mode: str) -> tuple[str, ...]:
+        return ("apply", str(self.profile if mode == "PROFILE" else self.plan), "--yes")
+
+    def run(self, *argv: str, counted: bool = False, profile: Path | None = None
+            ) -> tuple[float, str]:
+        cmd = [sys.executable, "-c", COUNTED] if counted else DSV4CTL
+        if profile is not None:
+            main = self.dir / "dsv4ctl_main.py"  # cProfile runs a file, not -c
+            main.write_text(DSV4CTL[2] + "\n")
+            cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), str(main)]
+        t0 = time.perf_counter()
+        p = subprocess.run([*cmd, *argv, "-i", str(self.inventory)], env=self.env, cwd=self.root,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        dt = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"[{self.label}] dsv4ctl {' '.join(argv)} failed ({p.returncode}):\n"
+                             f"{p.stdout}\n{p.stderr}")
+        return dt, p.stdout + (p.stderr if counted else "")
+
+
+def baseline_tree(rev: str, tmp: Path) -> Path:
+    """A detached worktree of ``rev`` (removed at exit by the caller's temp dir and prune)."""
+    where = tmp / "baseline-tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(where), rev],
+                   check=True)
+    return where
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7, help="timed no-change applies per mode (>= 5)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time the dsv4ctl of git revision REV (a worktree of it, against a "
+                         "fake host of its own), its runs interleaved with this tree's so both "
+                         "meet the same machine noise; the table gets a ratio column")
     ap.add_argument("--trace", action="store_true",
                     help="print each SSH connection and command of the counted run, with its time")
     ap.add_argument("--profile", metavar="DIR", type=Path,
@@ -65,84 +151,39 @@ def main() -> int:
     if args.runs < 5:
         ap.error("--runs must be at least 5 (the table reports a median)")
 
-    import yaml
-
     from tests.harness import HostCluster
-    from tests.integration.test_apply import MODEL, ROOT, TOTAL_SIZE, profile_dict
 
-    with tempfile.TemporaryDirectory(prefix="bench-noop-") as tmp, \
-            HostCluster(n=1, workdir=Path(tmp) / "hosts") as hosts:
-        h = hosts[0]
-        h.exec(f"mkdir -p {MODEL} && printf '%s' '{{\"metadata\": {{\"total_size\": "
-               f"{TOTAL_SIZE}}}, \"weight_map\": {{}}}}' > {MODEL}/model.safetensors.index.json",
-               check=True)
-        inv = h.inventory_dict()
-        inventory = Path(tmp) / "inventory.yaml"
-        inventory.write_text(yaml.safe_dump({"apiVersion": "dsv4ctl/v1", "hosts": {"h": {
-            "address": inv["address"], "port": inv["port"], "user": inv["user"],
-            "key": inv["key"], "known_hosts": inv["known_hosts"], "scope": "user",
-            "install_root": ROOT, "connect_timeout_s": 5,
-            "gpus": {"model": "rtx-pro-6000-se", "count": 8}}}}))
-        profile = Path(tmp) / "profile.yaml"
-        profile.write_text(yaml.safe_dump(profile_dict()))
-        plan = Path(tmp) / "plan.json"
-        # bytecode cached as an installed dsv4ctl has it (pip compiles it at install): kept in the
-        # temp dir, written by the first, untimed apply; without it (PYTHONDONTWRITEBYTECODE=1,
-        # as in this repository's dev shells) every run compiles each module again
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=str(Path(tmp) / "pycache"))
-        dsv4ctl = [sys.executable, "-c", "from orchestrator.cli import entrypoint; entrypoint()"]
-
-        def run(*argv: str, counted: bool = False, profile: Path | None = None
-                ) -> tuple[float, str]:
-            cmd = [sys.executable, "-c", COUNTED] if counted else dsv4ctl
-            if profile is not None:
-                main = Path(tmp) / "dsv4ctl_main.py"  # cProfile runs a file, not -c
-                main.write_text(dsv4ctl[2] + "\n")
-                cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), str(main)]
-            t0 = time.perf_counter()
-            p = subprocess.run([*cmd, *argv, "-i", str(inventory)], env=env, cwd=REPO,
-                               capture_output=True, text=True, stdin=subprocess.DEVNULL)
-            dt = time.perf_counter() - t0
-            if p.returncode != 0:
-                raise SystemExit(f"dsv4ctl {' '.join(argv)} failed ({p.returncode}):\n"
-                                 f"{p.stdout}\n{p.stderr}")
-            return dt, p.stdout + (p.stderr if counted else "")
-
-        run("apply", str(profile), "--yes")  # the first release
-        run("plan", str(profile), "--host", "h", "--live", "-o", str(plan))
-        rows = []
-        profiles: list[tuple[str, Path]] = []
-        traces: list[tuple[str, list[str]]] = []
-        for label, argv in (("apply PROFILE", ("apply", str(profile), "--yes")),
-                            ("apply PLAN.json", ("apply", str(plan), "--yes"))):
-            times = []
-            for _ in range(args.runs):
-                dt, out = run(*argv)
-                if "No changes." not in out:
-                    raise SystemExit(f"expected a no-change apply, got:\n{out}")
-                times.append(dt)
-            _, out = run(*argv, counted=True)
-            if args.profile:
-                args.profile.mkdir(parents=True, exist_ok=True)
-                prof = args.profile / (label.split()[1].replace(".", "_").lower() + ".prof")
-                run(*argv, profile=prof)
-                profiles.append((label, prof))
-            trips = out.rsplit("@@round-trips", 1)[1].split()
-            traces.append((label, [ln.split("@@trace ", 1)[1] for ln in out.splitlines()
-                                   if ln.startswith("@@trace ")]))
-            rows.append((label, times, f"{trips[0]} + {trips[1]}"))
-        t0 = time.perf_counter()
-        subprocess.run([*dsv4ctl, "--help"], env=env, cwd=REPO, capture_output=True, check=True)
-        startup = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="bench-noop-") as tmp_name:
+        tmp = Path(tmp_name)
+        try:
+            roots = [("this tree", REPO)]
+            if args.baseline:
+                roots.append((args.baseline, baseline_tree(args.baseline, tmp)))
+            with HostCluster(n=len(roots), workdir=tmp / "hosts") as hosts:
+                trees = [Tree(label, root, tmp, hosts[i]) for i, (label, root) in enumerate(roots)]
+                for t in trees:
+                    t.setup()
+                rows, traces, profiles = measure(trees, args)
+                t0 = time.perf_counter()
+                subprocess.run([*DSV4CTL, "--help"], env=trees[0].env, cwd=REPO,
+                               capture_output=True, check=True)
+                startup = time.perf_counter() - t0
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                str(tmp / "baseline-tree")], check=False, capture_output=True)
 
     print(f"no-change apply against a fake host ({args.runs} runs each, seconds, wall clock of a "
-          f"fresh dsv4ctl process)")
-    print(f"{'mode':<18} {'median':>7} {'min':>7} {'max':>7}  SSH connections + commands")
-    for label, times, trips in rows:
-        print(f"{label:<18} {statistics.median(times):7.3f} {min(times):7.3f} {max(times):7.3f}  "
-              f"{trips}")
-    print(f"{'(dsv4ctl --help)':<18} {startup:7.3f}   process start-up and imports alone")
+          f"fresh dsv4ctl process" + (f"; runs of this tree and {args.baseline} interleaved"
+                                      if args.baseline else "") + ")")
+    ratio = " ratio" if args.baseline else ""
+    print(f"{'mode':<18} {'tree':<12} {'median':>7} {'min':>7} {'max':>7}{ratio:>7}  "
+          "SSH connections + commands")
+    for mode, label, times, trips, r in rows:
+        shown = f"{r:7.2f}" if r is not None else (" " * 7 if ratio else "")
+        print(f"apply {mode:<12} {label[:12]:<12} {statistics.median(times):7.3f} "
+              f"{min(times):7.3f} {max(times):7.3f}{shown}  {trips}")
+    print(f"{'(dsv4ctl --help)':<31} {startup:7.3f}   process start-up and imports alone")
     if args.trace:
         for label, lines in traces:
             print(f"\n{label}: each round trip of the counted run (seconds, what ran)")
@@ -153,6 +194,37 @@ def main() -> int:
         print(f"\n{label}: top 30 by cumulative time ({prof})")
         pstats.Stats(str(prof)).sort_stats("cumulative").print_stats(30)
     return 0
+
+
+def measure(trees: list[Tree], args: argparse.Namespace) -> tuple[list, list, list]:
+    """Each mode's timed runs, tree after tree within a round (so each round's machine state is
+    shared), then one counted run (round trips) and, with --profile, one profiled run."""
+    rows: list[tuple[str, str, list[float], str, float | None]] = []
+    traces: list[tuple[str, list[str]]] = []
+    profiles: list[tuple[str, Path]] = []
+    for mode in ("PROFILE", "PLAN.json"):
+        times: dict[str, list[float]] = {t.label: [] for t in trees}
+        for _ in range(args.runs):
+            for t in trees:
+                dt, out = t.run(*t.argv(mode))
+                if "No changes." not in out:
+                    raise SystemExit(f"[{t.label}] expected a no-change apply, got:\n{out}")
+                times[t.label].append(dt)
+        base = statistics.median(times[trees[-1].label]) if len(trees) > 1 else None
+        for t in trees:
+            _, out = t.run(*t.argv(mode), counted=True)
+            trips = out.rsplit("@@round-trips", 1)[1].split()
+            traces.append((f"apply {mode} ({t.label})",
+                           [ln.split("@@trace ", 1)[1] for ln in out.splitlines()
+                            if ln.startswith("@@trace ")]))
+            r = statistics.median(times[t.label]) / base if base and t is trees[0] else None
+            rows.append((mode, t.label, times[t.label], f"{trips[0]} + {trips[1]}", r))
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            prof = args.profile / (mode.replace(".", "_").lower() + ".prof")
+            trees[0].run(*trees[0].argv(mode), profile=prof)
+            profiles.append((f"apply {mode}", prof))
+    return rows, traces, profiles
 
 
 if __name__ == "__main__":
