@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -200,8 +201,20 @@ def test_status_names_the_running_rollout(fleet: tuple[Any, dict[str, Any]]) -> 
     assert st["in_progress"] is None
 
 
+@pytest.fixture
+def one_host(fleet: tuple[Any, dict[str, Any]]) -> Iterator[tuple[LocalRemote, str, str]]:
+    """(the host, its install root, the fleet of one's fleet lock name); the host's channels
+    closed at the end (every lock they hold freed)."""
+    _plan, hosts = fleet
+    remote = LocalRemote("gpu-a")
+    try:
+        yield remote, hosts["gpu-a"].install_root, fleet_lock_name("flash")
+    finally:
+        remote.close()
+
+
 def test_the_fleet_of_one_takes_its_fleet_lock_then_its_host_lock(
-        fleet: tuple[Any, dict[str, Any]]) -> None:
+        one_host: tuple[LocalRemote, str, str]) -> None:
     """Issue 30: one lock protocol, the fleet lock then the host lock, for one host too. The
     fleet of one takes both in its host lock's one command (no extra round trip): a run of the
     same profile holding either one refuses it, naming that lock's own holder; and once it holds
@@ -209,69 +222,56 @@ def test_the_fleet_of_one_takes_its_fleet_lock_then_its_host_lock(
     are each refused."""
     from orchestrator.remote.lock import LOCK_NAME, HostLock, is_locked, lock_holders, read_holder
 
-    _plan, hosts = fleet
-    root = hosts["gpu-a"].install_root
-    name = fleet_lock_name("flash")
-    remote = LocalRemote("gpu-a")
-    try:
-        # the fleet of one's driver: both locks in one command
-        both = HostLock(remote, root, "dsv4ctl apply one.yaml #1", outer=name)
-        both.acquire()
-        opened = len(remote.channels)
-        assert opened == 1 and is_locked(remote, root, name) and is_locked(remote, root, LOCK_NAME)
-        # each lock's info file names its own holder process (the one the kernel lists)
-        fleet_holder, host_holder = read_holder(remote, root, name), read_holder(remote, root)
-        assert fleet_holder and host_holder
-        assert fleet_holder.remote_pid in lock_holders(remote, root, name)
-        assert host_holder.remote_pid == both.remote_pid in lock_holders(remote, root)
-        assert "one.yaml #1" in fleet_holder.info["command"]
-        for other in (HostLock(remote, root, "#2", name=name),  # a fleet run's fleet lock
-                      HostLock(remote, root, "#3"),  # a run of the host alone
-                      HostLock(remote, root, "#4", outer=name)):  # the fleet of one again
-            with pytest.raises(LockHeld) as exc:
-                other.acquire()
-            assert exc.value.exit_code == ExitCode.LOCKED
-            assert "one.yaml #1" in exc.value.message, exc.value.message
-        # the refusal names the lock it met: the fleet's, taken first
-        assert name in exc.value.message
-        both.release()
-        assert not is_locked(remote, root, name) and not is_locked(remote, root, LOCK_NAME)
-        # its info files are gone with it (only ours are removed)
-        assert read_holder(remote, root, name) is None and read_holder(remote, root) is None
-
-        # a run holding only the host lock: the fleet of one gets the fleet lock, is refused at
-        # the host lock and names that holder; and leaves the fleet lock free again
-        host_only = HostLock(remote, root, "dsv4ctl apply --host gpu-a #5")
-        host_only.acquire()
+    remote, root, name = one_host
+    # the fleet of one's driver: both locks in one command
+    both = HostLock(remote, root, "dsv4ctl apply one.yaml #1", outer=name)
+    both.acquire()
+    opened = len(remote.channels)
+    assert opened == 1 and is_locked(remote, root, name) and is_locked(remote, root, LOCK_NAME)
+    # each lock's info file names its own holder process (the one the kernel lists)
+    fleet_holder, host_holder = read_holder(remote, root, name), read_holder(remote, root)
+    assert fleet_holder and host_holder
+    assert fleet_holder.remote_pid in lock_holders(remote, root, name)
+    assert host_holder.remote_pid == both.remote_pid in lock_holders(remote, root)
+    assert "one.yaml #1" in fleet_holder.info["command"]
+    for other in (HostLock(remote, root, "#2", name=name),  # a fleet run's fleet lock
+                  HostLock(remote, root, "#3"),  # a run of the host alone
+                  HostLock(remote, root, "#4", outer=name)):  # the fleet of one again
         with pytest.raises(LockHeld) as exc:
-            HostLock(remote, root, "#6", outer=name).acquire()
-        assert "#5" in exc.value.message and "host 'gpu-a' is locked" in exc.value.message
-        host_only.release()
-        assert not is_locked(remote, root, name)
-    finally:
-        remote.close()
+            other.acquire()
+        assert exc.value.exit_code == ExitCode.LOCKED
+        assert "one.yaml #1" in exc.value.message, exc.value.message
+    # the refusal names the lock it met: the fleet's, taken first
+    assert name in exc.value.message
+    both.release()
+    assert not is_locked(remote, root, name) and not is_locked(remote, root, LOCK_NAME)
+    # its info files are gone with it (only ours are removed)
+    assert read_holder(remote, root, name) is None and read_holder(remote, root) is None
+
+    # a run holding only the host lock: the fleet of one gets the fleet lock, is refused at
+    # the host lock and names that holder; and leaves the fleet lock free again
+    host_only = HostLock(remote, root, "dsv4ctl apply --host gpu-a #5")
+    host_only.acquire()
+    with pytest.raises(LockHeld) as exc:
+        HostLock(remote, root, "#6", outer=name).acquire()
+    assert "#5" in exc.value.message and "host 'gpu-a' is locked" in exc.value.message
+    host_only.release()
+    assert not is_locked(remote, root, name)
 
 
 def test_force_unlock_of_the_fleet_of_ones_fleet_lock_frees_both(
-        fleet: tuple[Any, dict[str, Any]]) -> None:
+        one_host: tuple[LocalRemote, str, str]) -> None:
     """`unlock --force` on the fleet lock ends its holder, and with it the host lock taken
     inside it (one holder process chain): nothing stays half-locked."""
     from orchestrator.remote.lock import LOCK_NAME, HostLock, force_unlock, is_locked
 
-    _plan, hosts = fleet
-    root = hosts["gpu-a"].install_root
-    name = fleet_lock_name("flash")
-    remote = LocalRemote("gpu-a")
-    try:
-        both = HostLock(remote, root, "dsv4ctl apply one.yaml", outer=name)
-        both.acquire()
-        force_unlock(remote, root, name)
-        for _ in range(50):
-            if not is_locked(remote, root, LOCK_NAME):
-                break
-            import time
-            time.sleep(0.1)
-        assert not is_locked(remote, root, name) and not is_locked(remote, root, LOCK_NAME)
-        both.release()
-    finally:
-        remote.close()
+    remote, root, name = one_host
+    both = HostLock(remote, root, "dsv4ctl apply one.yaml", outer=name)
+    both.acquire()
+    force_unlock(remote, root, name)
+    for _ in range(50):
+        if not is_locked(remote, root, LOCK_NAME):
+            break
+        time.sleep(0.1)
+    assert not is_locked(remote, root, name) and not is_locked(remote, root, LOCK_NAME)
+    both.release()
