@@ -209,7 +209,7 @@ class FleetOps:
                             command=self.command, saved=self.saved, remote=self.remote(host),
                             fleet=tuple(self.plans[h] for h in sorted(self.plans)),
                             fleet_lock=self.inner_fleet_lock,
-                            probed=None if self.saved else self.facts.get(host))
+                            probed=self.facts.get(host))
         if isinstance(res, PreparedApply):
             with self._lock:
                 self.prepared[host] = res

@@ -28,7 +28,7 @@ from orchestrator.apply.context import (
     tree_from_plan,
 )
 from orchestrator.errors import DsvError, StalePlan
-from orchestrator.facts import Facts
+from orchestrator.facts import EngineEnvFact, Facts
 from orchestrator.planner.checks import gb
 from orchestrator.planner.transition import (
     release_from_manifest,
@@ -186,16 +186,15 @@ def preflight(ctx: Context, step: Any) -> Outcome:
     # The drift read and the engine env's trust walk, each once per run (issue 30: read twice,
     # they cost a no-change apply ~0.3 s, the drift read a python3 on the host). A saved plan
     # reads drift in its re-probe below and the env here; a profile's apply has both from the
-    # probe this run made over this connection a moment ago (ctx.probed). Read again here, they
-    # would guard against nothing more: another dsv4ctl run changes the host only under this lock and through
-    # `current`, the records and the units, which are all read again below; an edit outside
-    # dsv4ctl can land after any read, under the lock or not.
-    probed = None if ctx.saved_plan else ctx.probed
-    if not ctx.saved_plan and probed is None:
+    # probe this run made over this connection a moment ago (ctx.probed, None for a saved
+    # plan). Read again here, they would guard against nothing more: another dsv4ctl run changes
+    # the host only under this lock and through `current`, the records and the units, which are
+    # all read again below; an edit outside dsv4ctl can land after any read, under the lock or
+    # not.
+    if not ctx.saved_plan and ctx.probed is None:
         ahead.append(drift_command(ctx.host.install_root, unit_dir_expr(ctx.host.scope),
                                    ctx.host.scope))
-    if (probed is None or probed.engine_env is None
-            or probed.engine_env.path != ctx.deployment.engine_env):
+    if _env_checked(ctx.probed, ctx.deployment.engine_env) is None:
         # under the lock, in this batch (require_engine_env below reads its answer from it): its
         # own round trip cost a no-change apply ~0.4 s (issue 30)
         ahead.append(engine_env_command(ctx.deployment.engine_env))
@@ -214,18 +213,18 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
     from orchestrator.remote.probes import collect_facts, refuse_untrusted_env, require_engine_env
 
     assert ctx.deployment is not None
-    facts = None if ctx.saved_plan else ctx.probed
+    facts = ctx.probed
     if ctx.saved_plan:
         ctx.out("  probing the host to check the saved plan is still current")
         facts = collect_facts(shell, ctx.host_name, ctx.host,
                               model_paths=[ctx.deployment.model_path], token=probe_token)
     # before anything runs from it (issue 31): the kernels step runs its python as the deploying
     # user, the units as the service user
-    env = ctx.deployment.engine_env
-    if facts is not None and facts.engine_env is not None and facts.engine_env.path == env:
-        refuse_untrusted_env(facts.engine_env, ctx.host_name)
+    checked = _env_checked(facts, ctx.deployment.engine_env)
+    if checked is not None:
+        refuse_untrusted_env(checked, ctx.host_name)
     else:
-        require_engine_env(shell, env, ctx.host_name)
+        require_engine_env(shell, ctx.deployment.engine_env, ctx.host_name)
     if ctx.saved_plan:
         assert facts is not None
         why = stale_reason(plan, facts, ctx.host, ctx.deployment.model_path)
@@ -283,6 +282,12 @@ def _preflight_reads(ctx: Context, plan: Plan, shell: Any, probe_token: str) -> 
                  f"{cur_rec.status if cur_rec else 'without a record'}, so it is proven healthy "
                  "again as a new release; ")
     return Outcome(detail=note + _describe(ctx.actions))
+
+
+def _env_checked(facts: Facts | None, env: str) -> EngineEnvFact | None:
+    """The engine env's trust check as ``facts`` read it, when they read this very env."""
+    fact = facts.engine_env if facts is not None else None
+    return fact if fact is not None and fact.path == env else None
 
 
 def _transition(ctx: Context) -> list[Action]:

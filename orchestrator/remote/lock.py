@@ -209,10 +209,10 @@ class HostLock:
         rc = chan.recv_exit_status()
         err = chan.recv_stderr(4096).decode(errors="replace").strip()
         chan.close()
-        if rc == REFUSED_RC or (rc == OUTER_REFUSED_RC and self.outer):
-            # the holder of the refused lock (a fleet lock has its own info file beside the
-            # host's)
-            name = self.outer if rc == OUTER_REFUSED_RC and self.outer else self.name
+        # the refused lock (without an outer lock, 76 is no refusal: it stays an error below)
+        name = {REFUSED_RC: self.name, OUTER_REFUSED_RC: self.outer}.get(rc)
+        if name is not None:
+            # its holder (a fleet lock has its own info file beside the host's)
             holder = read_holder(self.remote, self.install_root, name)
             who = holder.describe() if holder else "unknown holder (no info file)"
             if name != LOCK_NAME:

@@ -464,6 +464,50 @@ def test_the_fleet_of_one_takes_the_fleet_lock_then_its_host_lock(
     assert env.fake.exec(f"flock -n {ROOT}/{name} true").returncode == 0
 
 
+
+def test_a_no_change_apply_reads_drift_and_the_engine_env_once(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: a no-change apply from a profile runs the drift probe (a python3 on the host)
+    and the engine env's trust walk once each, in its probe, not again under the lock; a saved
+    plan runs each once, in the lock's batch. Still one connection and two commands (one for the
+    saved plan). Counted in what dsv4ctl sends over SSH, batches included."""
+    from orchestrator.remote.connection import RemoteHost
+
+    first_release(env)
+    sent: list[str] = []
+    connects: list[str] = []
+    for name in ("run", "open_process"):
+        orig = getattr(RemoteHost, name)
+
+        def counted(self: Any, command: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            sent.append(command)
+            return _orig(self, command, *a, **k)
+
+        monkeypatch.setattr(RemoteHost, name, counted)
+    orig_connect = RemoteHost.connect
+
+    def counted_connect(self: Any, *a: Any, **k: Any) -> Any:
+        connects.append(self.name)
+        return orig_connect(self, *a, **k)
+
+    monkeypatch.setattr(RemoteHost, "connect", counted_connect)
+    drift = "import hashlib, json, os, subprocess, sys"  # the drift probe's script
+    walk = f"dsv4_env {env.profile().engine.env}"  # the trust walk's call
+
+    def reads() -> tuple[int, int, int, int]:
+        return (len(connects), len(sent), sum(c.count(drift) for c in sent),
+                sum(c.count(walk) for c in sent))
+
+    profile = env.profile_file(env.profile())
+    assert env.cli("apply", str(profile)) == 0
+    assert reads() == (1, 2, 1, 1), reads()
+    plan = env.save(env.plan(env.profile()), "again.json")
+    sent.clear()
+    connects.clear()
+    assert env.cli("apply", str(plan)) == 0
+    assert reads() == (1, 1, 1, 1), reads()
+
+
 HOLD_LOCK = """
 import sys, time
 from orchestrator.profile.inventory import Host
