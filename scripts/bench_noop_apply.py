@@ -69,7 +69,7 @@ class Tree:
 
     def __init__(self, label: str, root: Path, tmp: Path, host: object) -> None:
         self.label, self.root, self.host = label, root, host
-        self.dir = tmp / label.replace(" ", "-")
+        self.dir = tmp / ("baseline" if root != REPO else "this-tree")  # a label may hold '/'
         self.dir.mkdir()
         # bytecode cached as an installed dsv4ctl has it (pip compiles it at install): kept in
         # the temp dir, written by the first, untimed apply; without it (PYTHONDONTWRITEBYTECODE=1,
@@ -128,10 +128,13 @@ class Tree:
 
 
 def baseline_tree(rev: str, tmp: Path) -> Path:
-    """A detached worktree of ``rev`` (removed at exit by the caller's temp dir and prune)."""
+    """A detached worktree of ``rev`` (removed at exit by the caller: ``git worktree remove``)."""
     where = tmp / "baseline-tree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(where), rev],
-                   check=True)
+    p = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(where),
+                        rev], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: git cannot check it out ({p.stderr.strip()}); name "
+                         "a commit, tag or branch of this repository")
     return where
 
 
