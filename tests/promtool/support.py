@@ -69,6 +69,31 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -
     raise RuntimeError(f"{url} not ready after {timeout} s")
 
 
+def wait_workers(url: str, expected: set[str], api_key: str | None,
+                 timeout: float = 30.0) -> None:
+    """Wait until the router at ``url`` lists every worker of ``expected`` as healthy.
+
+    sglang-router 0.3.2 registers its start-up workers through its job queue, so ``/readiness``
+    answers 200 once *one* worker is healthy, and the second can still be missing from
+    ``/workers`` (a CI run on 2 cores listed one of two). A test that starts a router in front of
+    workers expects all of them behind it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout
+    listed: Any = None
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(url + "/workers", headers=headers)
+            with urllib.request.urlopen(req, timeout=1) as r:
+                listed = json.loads(r.read())
+            if expected <= {w["url"] for w in listed["workers"] if w.get("is_healthy")}:
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url}: workers {sorted(expected)} not all listed healthy after "
+                       f"{timeout} s; last /workers answer: {listed!r:.500}")
+
+
 class Sims:
     """Starts simulator processes; every one shares a control file keyed by port."""
 
@@ -145,6 +170,8 @@ class Sims:
                  "--prometheus-port", str(metrics), *extra]
         url = self._spawn(args, port, {}, "/readiness")
         self.router_metrics[url] = metrics
+        key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None
+        wait_workers(url, set(workers) if workers else {prefill or "", decode or ""}, key)
         return url
 
     def stop(self) -> None:
