@@ -146,6 +146,10 @@ class Env:
         return self.generate_status(api_key) == 200
 
     def generate_status(self, api_key: str | None = None) -> int | None:
+        """The router's status for one chat completion; None when no full answer came (refused,
+        cut off mid-body, or not JSON with choices): the load loops count that as a failure
+        rather than die on it."""
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -161,7 +165,7 @@ class Env:
                 return resp.status if json.loads(resp.read())["choices"] else None
         except urllib.error.HTTPError as exc:
             return exc.code
-        except OSError:
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
             return None
 
     def assert_recovered(self, expect_current: str) -> None:

@@ -8,13 +8,16 @@ gets its behaviour switches through `by_port` in a control file shared by the te
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,43 @@ def wait_workers(url: str, expected: set[str], api_key: str | None,
         time.sleep(0.1)
     raise RuntimeError(f"{url}: workers {sorted(expected)} not all listed healthy after "
                        f"{timeout} s; last /workers answer: {listed!r:.500}")
+
+
+class Load:
+    """Streamed chat requests through the router in a loop (two clients) until stopped; failures
+    counted."""
+
+    def __init__(self, router: str) -> None:
+        self.router, self.stop_event = router, threading.Event()
+        self.ok = self.failed = 0
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        n = 0
+        while not self.stop_event.is_set():
+            n += 1
+            prompt = f"{uuid.uuid4().hex} {n}: what is 6 * 7?"
+            body = json.dumps({"model": MODEL, "max_tokens": 8, "stream": True,
+                               "messages": [{"role": "user", "content": prompt}]}).encode()
+            req = urllib.request.Request(self.router + "/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    r.read()
+                self.ok += 1
+            except (OSError, http.client.HTTPException):
+                # a response cut off when a test kills its engine mid-stream is an
+                # IncompleteRead (an HTTPException, not an OSError); the loop must go on, or the
+                # alerts that need traffic after the kill never fire
+                self.failed += 1
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=40)
 
 
 class Sims:

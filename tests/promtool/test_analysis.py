@@ -24,8 +24,8 @@ from orchestrator.planner.fleet import fleet_context, plan_fleet
 from orchestrator.profile.loader import load_text
 from orchestrator.profile.schema import Analysis, Profile
 from tests.promtool.live import Prometheus
-from tests.promtool.support import Sims, free_port
-from tests.promtool.test_prometheus_surface import Load, write_monitoring
+from tests.promtool.support import Load, Sims, free_port
+from tests.promtool.test_prometheus_surface import write_monitoring
 
 INVENTORY = data_dir("profiles") / "inventory.yaml"
 BASE_TTFT_S = 0.3

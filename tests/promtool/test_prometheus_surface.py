@@ -21,10 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +42,7 @@ from tests.promtool.live import (
     rewrite_targets,
     rule_exprs,
 )
-from tests.promtool.support import MODEL, Sims
+from tests.promtool.support import Load, Sims
 
 FOR_S = 60  # monitoring.alerts.for_minutes: 1 in the test profiles
 SLOW_TTFT_S = 1.5  # the slow engine's extra time to first token; the budget is 1 s
@@ -59,39 +56,6 @@ def live_profile(base: str, name: str) -> tuple[Profile, str]:
                           "alerts": {"ttft_p95_s": 1.0, "for_minutes": FOR_S // 60}}
     text = yaml.safe_dump(data)
     return load_text(Profile, text, f"{name}.yaml"), text
-
-
-class Load:
-    """Requests through the router in a loop (two clients) until stopped; failures counted."""
-
-    def __init__(self, router: str) -> None:
-        self.router, self.stop_event = router, threading.Event()
-        self.ok = self.failed = 0
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(2)]
-        for t in self.threads:
-            t.start()
-
-    def _loop(self) -> None:
-        n = 0
-        while not self.stop_event.is_set():
-            n += 1
-            prompt = f"{uuid.uuid4().hex} {n}: what is 6 * 7?"
-            body = json.dumps({"model": MODEL, "max_tokens": 8, "stream": True,
-                               "messages": [{"role": "user", "content": prompt}]}).encode()
-            req = urllib.request.Request(self.router + "/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    r.read()
-                self.ok += 1
-            except OSError:
-                self.failed += 1
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(timeout=40)
 
 
 def write_monitoring(mon: Path, files: dict[str, str], where: dict[str, str]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""`Sims.router` hands a test a router only once every start-up worker is listed healthy.
+"""The live tests' harness under a busy CI box: `Sims.router` and the router load loop.
+
+`Sims.router` hands a test a router only once every start-up worker is listed healthy.
 
 sglang-router 0.3.2 answers `/readiness` once one worker is healthy and registers the rest through
 its job queue; a CI run on 2 cores had a router list one of its two workers right after start
@@ -9,12 +11,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.promtool.support import wait_workers
+from tests.promtool.support import Load, wait_workers
 
 A, B = "http://127.0.0.1:1001", "http://127.0.0.1:1002"
 
@@ -76,3 +79,42 @@ def test_sends_the_routers_api_key(server: tuple[str, Listing]) -> None:
     with pytest.raises(RuntimeError):
         wait_workers(url, {A}, None, timeout=0.5)
     wait_workers(url, {A}, "sk-test", timeout=5)
+
+
+def test_the_load_loop_goes_on_after_a_stream_cut_off_mid_body() -> None:
+    """A test that kills an engine mid-stream cuts a chunked response: the client sees an
+    IncompleteRead, which is not an OSError. The loop counts it and keeps sending (a CI run's
+    test_fleet_surface lost both clients this way and its TTFT alert never fired)."""
+    served = {"n": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            served["n"] += 1
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if served["n"] <= 2:  # each client's first stream: cut after its headers
+                self.wfile.flush()
+                return
+            self.wfile.write(b"5\r\ndata:\r\n0\r\n\r\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    load = Load(f"http://127.0.0.1:{httpd.server_address[1]}")
+    try:
+        deadline = time.monotonic() + 10
+        while load.ok < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(t.is_alive() for t in load.threads)
+        assert load.failed >= 1 and load.ok >= 3, (load.failed, load.ok)
+    finally:
+        load.stop()
+        httpd.shutdown()
+        httpd.server_close()
