@@ -21,6 +21,7 @@ One cluster for the module (the box is small); the tests run in order and build 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import threading
 import time
@@ -136,7 +137,7 @@ class Fleet:
                 return r.status
         except urllib.error.HTTPError as exc:
             return exc.code
-        except OSError:
+        except (OSError, http.client.HTTPException):  # refused, reset, or a bad status line
             return 599
 
 
